@@ -1,0 +1,1 @@
+"""The client: RemotePartitioner, a real ExecuTorch Partitioner backed by the service."""

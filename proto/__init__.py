@@ -1,0 +1,1 @@
+"""The v1 contract: generated messages and stubs, and the program codec."""

@@ -1,0 +1,428 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SpecType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPEC_TYPE_UNSPECIFIED: _ClassVar[SpecType]
+    SPEC_TYPE_BOOL: _ClassVar[SpecType]
+    SPEC_TYPE_INT: _ClassVar[SpecType]
+    SPEC_TYPE_DOUBLE: _ClassVar[SpecType]
+    SPEC_TYPE_STRING: _ClassVar[SpecType]
+    SPEC_TYPE_BYTES: _ClassVar[SpecType]
+
+class Dialect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIALECT_UNSPECIFIED: _ClassVar[Dialect]
+    DIALECT_ATEN: _ClassVar[Dialect]
+    DIALECT_EDGE: _ClassVar[Dialect]
+
+class Hook(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOOK_UNSPECIFIED: _ClassVar[Hook]
+    HOOK_PARTITION: _ClassVar[Hook]
+    HOOK_OPS_TO_NOT_DECOMPOSE: _ClassVar[Hook]
+    HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: _ClassVar[Hook]
+SPEC_TYPE_UNSPECIFIED: SpecType
+SPEC_TYPE_BOOL: SpecType
+SPEC_TYPE_INT: SpecType
+SPEC_TYPE_DOUBLE: SpecType
+SPEC_TYPE_STRING: SpecType
+SPEC_TYPE_BYTES: SpecType
+DIALECT_UNSPECIFIED: Dialect
+DIALECT_ATEN: Dialect
+DIALECT_EDGE: Dialect
+HOOK_UNSPECIFIED: Hook
+HOOK_PARTITION: Hook
+HOOK_OPS_TO_NOT_DECOMPOSE: Hook
+HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: Hook
+
+class Digest(_message.Message):
+    __slots__ = ("hash", "size_bytes")
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    hash: str
+    size_bytes: int
+    def __init__(self, hash: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class SpecValue(_message.Message):
+    __slots__ = ("bool_value", "int_value", "double_value", "string_value", "bytes_value")
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VALUE_FIELD_NUMBER: _ClassVar[int]
+    bool_value: bool
+    int_value: int
+    double_value: float
+    string_value: str
+    bytes_value: bytes
+    def __init__(self, bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bytes_value: _Optional[bytes] = ...) -> None: ...
+
+class PartitionerRef(_message.Message):
+    __slots__ = ("name", "spec")
+    class SpecEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SpecValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SpecValue, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: _containers.MessageMap[str, SpecValue]
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Mapping[str, SpecValue]] = ...) -> None: ...
+
+class CompileSpec(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class DelegationSpec(_message.Message):
+    __slots__ = ("backend_id", "compile_specs")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SPECS_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    compile_specs: _containers.RepeatedCompositeFieldContainer[CompileSpec]
+    def __init__(self, backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ...) -> None: ...
+
+class TensorRef(_message.Message):
+    __slots__ = ("name", "dtype", "sizes", "strides", "storage_offset", "storage", "fake", "is_parameter", "requires_grad")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    FAKE_FIELD_NUMBER: _ClassVar[int]
+    IS_PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_GRAD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    storage_offset: int
+    storage: Digest
+    fake: bool
+    is_parameter: bool
+    requires_grad: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., storage: _Optional[_Union[Digest, _Mapping]] = ..., fake: _Optional[bool] = ..., is_parameter: _Optional[bool] = ..., requires_grad: _Optional[bool] = ...) -> None: ...
+
+class ModuleTensor(_message.Message):
+    __slots__ = ("module_path", "tensor")
+    MODULE_PATH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    module_path: str
+    tensor: TensorRef
+    def __init__(self, module_path: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+
+class LoweredModule(_message.Message):
+    __slots__ = ("module_path", "name", "backend_id", "compile_specs", "processed_bytes", "original_program", "named_data_json", "named_data_buffers")
+    MODULE_PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SPECS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    NAMED_DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    NAMED_DATA_BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    module_path: str
+    name: str
+    backend_id: str
+    compile_specs: _containers.RepeatedCompositeFieldContainer[CompileSpec]
+    processed_bytes: Digest
+    original_program: Program
+    named_data_json: bytes
+    named_data_buffers: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, module_path: _Optional[str] = ..., name: _Optional[str] = ..., backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., processed_bytes: _Optional[_Union[Digest, _Mapping]] = ..., original_program: _Optional[_Union[Program, _Mapping]] = ..., named_data_json: _Optional[bytes] = ..., named_data_buffers: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class NodeFingerprint(_message.Message):
+    __slots__ = ("graph", "name", "op", "target", "num_args", "kwarg_names", "args")
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    NUM_ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARG_NAMES_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    graph: str
+    name: str
+    op: str
+    target: str
+    num_args: int
+    kwarg_names: _containers.RepeatedScalarFieldContainer[str]
+    args: str
+    def __init__(self, graph: _Optional[str] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., target: _Optional[str] = ..., num_args: _Optional[int] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., args: _Optional[str] = ...) -> None: ...
+
+class Program(_message.Message):
+    __slots__ = ("dialect", "graph", "state_dict", "constants", "module_tensors", "lowered_modules", "fingerprint")
+    DIALECT_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    STATE_DICT_FIELD_NUMBER: _ClassVar[int]
+    CONSTANTS_FIELD_NUMBER: _ClassVar[int]
+    MODULE_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    LOWERED_MODULES_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    dialect: Dialect
+    graph: Digest
+    state_dict: _containers.RepeatedCompositeFieldContainer[TensorRef]
+    constants: _containers.RepeatedCompositeFieldContainer[TensorRef]
+    module_tensors: _containers.RepeatedCompositeFieldContainer[ModuleTensor]
+    lowered_modules: _containers.RepeatedCompositeFieldContainer[LoweredModule]
+    fingerprint: _containers.RepeatedCompositeFieldContainer[NodeFingerprint]
+    def __init__(self, dialect: _Optional[_Union[Dialect, str]] = ..., graph: _Optional[_Union[Digest, _Mapping]] = ..., state_dict: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., module_tensors: _Optional[_Iterable[_Union[ModuleTensor, _Mapping]]] = ..., lowered_modules: _Optional[_Iterable[_Union[LoweredModule, _Mapping]]] = ..., fingerprint: _Optional[_Iterable[_Union[NodeFingerprint, _Mapping]]] = ...) -> None: ...
+
+class NodeRef(_message.Message):
+    __slots__ = ("graph", "name")
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    graph: str
+    name: str
+    def __init__(self, graph: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class MetaValue(_message.Message):
+    __slots__ = ("none_value", "bool_value", "int_value", "double_value", "string_value", "bytes_value", "list_value", "tuple_value", "map_value")
+    NONE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VALUE_FIELD_NUMBER: _ClassVar[int]
+    LIST_VALUE_FIELD_NUMBER: _ClassVar[int]
+    TUPLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    MAP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    none_value: bool
+    bool_value: bool
+    int_value: int
+    double_value: float
+    string_value: str
+    bytes_value: bytes
+    list_value: MetaList
+    tuple_value: MetaList
+    map_value: MetaMap
+    def __init__(self, none_value: _Optional[bool] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bytes_value: _Optional[bytes] = ..., list_value: _Optional[_Union[MetaList, _Mapping]] = ..., tuple_value: _Optional[_Union[MetaList, _Mapping]] = ..., map_value: _Optional[_Union[MetaMap, _Mapping]] = ...) -> None: ...
+
+class MetaList(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[MetaValue]
+    def __init__(self, items: _Optional[_Iterable[_Union[MetaValue, _Mapping]]] = ...) -> None: ...
+
+class MetaMap(_message.Message):
+    __slots__ = ("entries",)
+    class EntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetaValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetaValue, _Mapping]] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.MessageMap[str, MetaValue]
+    def __init__(self, entries: _Optional[_Mapping[str, MetaValue]] = ...) -> None: ...
+
+class MetaUpdate(_message.Message):
+    __slots__ = ("node", "key", "value", "removed")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    node: NodeRef
+    key: str
+    value: MetaValue
+    removed: bool
+    def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., key: _Optional[str] = ..., value: _Optional[_Union[MetaValue, _Mapping]] = ..., removed: _Optional[bool] = ...) -> None: ...
+
+class NodeTag(_message.Message):
+    __slots__ = ("node", "tag")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    node: NodeRef
+    tag: str
+    def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., tag: _Optional[str] = ...) -> None: ...
+
+class RemoteException(_message.Message):
+    __slots__ = ("type", "message", "traceback")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    message: str
+    traceback: str
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class ListPartitionersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SpecKeyInfo(_message.Message):
+    __slots__ = ("name", "type", "default", "doc")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    DOC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: SpecType
+    default: SpecValue
+    doc: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SpecType, str]] = ..., default: _Optional[_Union[SpecValue, _Mapping]] = ..., doc: _Optional[str] = ...) -> None: ...
+
+class PartitionerInfo(_message.Message):
+    __slots__ = ("name", "backend_id", "spec_keys", "overridden_hooks", "class_name", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDDEN_HOOKS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backend_id: str
+    spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
+    overridden_hooks: _containers.RepeatedScalarFieldContainer[Hook]
+    class_name: str
+    description: str
+    def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ServerVersions(_message.Message):
+    __slots__ = ("torch", "executorch", "export_schema", "api", "server")
+    TORCH_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORCH_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    torch: str
+    executorch: str
+    export_schema: str
+    api: str
+    server: str
+    def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
+
+class ListPartitionersResponse(_message.Message):
+    __slots__ = ("partitioners", "versions")
+    PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
+    versions: ServerVersions
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ...) -> None: ...
+
+class FindMissingBlobsRequest(_message.Message):
+    __slots__ = ("digests",)
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class FindMissingBlobsResponse(_message.Message):
+    __slots__ = ("missing_digests",)
+    MISSING_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    missing_digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, missing_digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class UploadBlobsRequest(_message.Message):
+    __slots__ = ("digest", "offset", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: Digest
+    offset: int
+    data: bytes
+    def __init__(self, digest: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadBlobsResponse(_message.Message):
+    __slots__ = ("committed_digests",)
+    COMMITTED_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    committed_digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, committed_digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class ReadBlobsRequest(_message.Message):
+    __slots__ = ("digests",)
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class ReadBlobsResponse(_message.Message):
+    __slots__ = ("digest", "offset", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: Digest
+    offset: int
+    data: bytes
+    def __init__(self, digest: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PartitionRequest(_message.Message):
+    __slots__ = ("partitioner", "program")
+    PARTITIONER_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    partitioner: PartitionerRef
+    program: Program
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+
+class PartitionResponse(_message.Message):
+    __slots__ = ("tags", "partition_tags", "meta_updates")
+    class PartitionTagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: DelegationSpec
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DelegationSpec, _Mapping]] = ...) -> None: ...
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_TAGS_FIELD_NUMBER: _ClassVar[int]
+    META_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedCompositeFieldContainer[NodeTag]
+    partition_tags: _containers.MessageMap[str, DelegationSpec]
+    meta_updates: _containers.RepeatedCompositeFieldContainer[MetaUpdate]
+    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Mapping[str, DelegationSpec]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
+
+class OpsToNotDecomposeRequest(_message.Message):
+    __slots__ = ("partitioner", "program")
+    PARTITIONER_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    partitioner: PartitionerRef
+    program: Program
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+
+class NodeFailure(_message.Message):
+    __slots__ = ("node", "exception")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    node: NodeRef
+    exception: RemoteException
+    def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ...) -> None: ...
+
+class OpsToNotDecomposeResponse(_message.Message):
+    __slots__ = ("ops", "has_filter", "supported", "failures")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    HAS_FILTER_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedScalarFieldContainer[str]
+    has_filter: bool
+    supported: _containers.RepeatedCompositeFieldContainer[NodeRef]
+    failures: _containers.RepeatedCompositeFieldContainer[NodeFailure]
+    def __init__(self, ops: _Optional[_Iterable[str]] = ..., has_filter: _Optional[bool] = ..., supported: _Optional[_Iterable[_Union[NodeRef, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[NodeFailure, _Mapping]]] = ...) -> None: ...
+
+class TransformForPreDecompositionRequest(_message.Message):
+    __slots__ = ("partitioner", "program")
+    PARTITIONER_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    partitioner: PartitionerRef
+    program: Program
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+
+class TransformForPreDecompositionResponse(_message.Message):
+    __slots__ = ("unchanged", "program")
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    unchanged: bool
+    program: Program
+    def __init__(self, unchanged: _Optional[bool] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The partitioning server: registry of hosted partitioners, servicer, blob store, CLI."""
