@@ -126,24 +126,18 @@ class ModuleTensor(_message.Message):
     def __init__(self, module_path: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
 
 class LoweredModule(_message.Message):
-    __slots__ = ("module_path", "name", "backend_id", "compile_specs", "processed_bytes", "original_program", "named_data_json", "named_data_buffers")
+    __slots__ = ("module_path", "name", "backend_id", "compile_specs", "original_program")
     MODULE_PATH_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     COMPILE_SPECS_FIELD_NUMBER: _ClassVar[int]
-    PROCESSED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_PROGRAM_FIELD_NUMBER: _ClassVar[int]
-    NAMED_DATA_JSON_FIELD_NUMBER: _ClassVar[int]
-    NAMED_DATA_BUFFERS_FIELD_NUMBER: _ClassVar[int]
     module_path: str
     name: str
     backend_id: str
     compile_specs: _containers.RepeatedCompositeFieldContainer[CompileSpec]
-    processed_bytes: Digest
     original_program: Program
-    named_data_json: bytes
-    named_data_buffers: _containers.RepeatedCompositeFieldContainer[Digest]
-    def __init__(self, module_path: _Optional[str] = ..., name: _Optional[str] = ..., backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., processed_bytes: _Optional[_Union[Digest, _Mapping]] = ..., original_program: _Optional[_Union[Program, _Mapping]] = ..., named_data_json: _Optional[bytes] = ..., named_data_buffers: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, module_path: _Optional[str] = ..., name: _Optional[str] = ..., backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., original_program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
 
 class NodeFingerprint(_message.Message):
     __slots__ = ("graph", "name", "op", "target", "num_args", "kwarg_names", "args")

@@ -1,0 +1,167 @@
+"""Runs a hosted partitioner's hooks on a decoded program and states the answers as messages.
+
+This is the server's half of the proxied ``Partitioner`` contract
+(``executorch/exir/backend/partitioner.py``): each function takes a live partitioner and a
+program rebuilt by the codec, calls one hook, and returns what the client needs to reproduce the
+hook's effect on its own program object.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from executorch.exir.backend.partitioner import Partitioner
+from torch.export import ExportedProgram
+
+from remote_partitioner.proto import codec
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+
+DELEGATION_TAG = "delegation_tag"
+
+
+class PartitionerRaised(Exception):
+    """The hosted partitioner raised; carries the exception as a message."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__name__}: {exc}")
+        self.remote = remote_exception(exc)
+
+
+def remote_exception(exc: BaseException) -> pb.RemoteException:
+    """The wire form of an exception: class name, ``str()`` and formatted traceback."""
+    return pb.RemoteException(
+        type=type(exc).__name__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise PartitionerRaised(e) from e
+
+
+def _meta_snapshot(ep: ExportedProgram) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (path, node.name): dict(node.meta)
+        for path, gm in codec.graph_modules(ep.graph_module)
+        for node in gm.graph.nodes
+    }
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(type(a) is type(b) and a == b)
+    except Exception:
+        return False
+
+
+def partition(partitioner: Partitioner, ep: ExportedProgram) -> pb.PartitionResponse:
+    """Run ``partition(ep)``; return its tags, partition tags and every other meta change.
+
+    Raises:
+        PartitionerRaised: the partitioner raised.
+        codec.UnrepresentableMeta: it wrote a meta value that cannot cross; names node and key.
+    """
+    before = _meta_snapshot(ep)
+    result = _call(partitioner.partition, ep)
+    tagged = result.tagged_exported_program
+    response = pb.PartitionResponse()
+    for tag, spec in (result.partition_tags or {}).items():
+        response.partition_tags[tag].CopyFrom(
+            pb.DelegationSpec(
+                backend_id=spec.backend_id,
+                compile_specs=[
+                    pb.CompileSpec(key=cs.key, value=bytes(cs.value)) for cs in spec.compile_specs
+                ],
+            )
+        )
+    for path, gm in codec.graph_modules(tagged.graph_module):
+        for node in gm.graph.nodes:
+            old = before.get((path, node.name), {})
+            ref = pb.NodeRef(graph=path, name=node.name)
+            for key, value in node.meta.items():
+                if key in old and _same(old[key], value):
+                    continue
+                if key == DELEGATION_TAG:
+                    if not isinstance(value, str):
+                        raise codec.UnrepresentableMeta(
+                            f"node {node.name!r}: delegation_tag is a {type(value).__name__}"
+                        )
+                    response.tags.append(pb.NodeTag(node=ref, tag=value))
+                    continue
+                where = f"graph {path or '<root>'!r}, node {node.name!r}, meta key {key!r}"
+                response.meta_updates.append(
+                    pb.MetaUpdate(
+                        node=ref, key=key, value=codec.encode_meta_value(value, where=where)
+                    )
+                )
+            for key in old.keys() - node.meta.keys():
+                response.meta_updates.append(pb.MetaUpdate(node=ref, key=key, removed=True))
+    return response
+
+
+def ops_to_not_decompose(
+    partitioner: Partitioner, ep: ExportedProgram
+) -> pb.OpsToNotDecomposeResponse:
+    """Run ``ops_to_not_decompose(ep)``; evaluate its filter on every node of every graph.
+
+    Raises:
+        PartitionerRaised: the hook itself raised (a filter raising on a node is recorded in
+            ``failures`` instead).
+    """
+    ops, check = _call(partitioner.ops_to_not_decompose, ep)
+    response = pb.OpsToNotDecomposeResponse(
+        ops=[codec.op_name(op) for op in ops], has_filter=check is not None
+    )
+    if check is None:
+        return response
+    for path, gm in codec.graph_modules(ep.graph_module):
+        for node in gm.graph.nodes:
+            ref = pb.NodeRef(graph=path, name=node.name)
+            try:
+                answer = check(node)
+            except Exception as e:
+                response.failures.append(pb.NodeFailure(node=ref, exception=remote_exception(e)))
+                continue
+            if answer:
+                response.supported.append(ref)
+    return response
+
+
+def transform_for_pre_decomposition(
+    partitioner: Partitioner, ep: ExportedProgram
+) -> ExportedProgram | None:
+    """Run ``transform_for_pre_decomposition(ep)``; None when it returned ``ep`` unchanged."""
+    before = codec.fingerprint(ep)
+    out = _call(partitioner.transform_for_pre_decomposition, ep)
+    if not isinstance(out, ExportedProgram):
+        raise PartitionerRaised(
+            TypeError(
+                f"transform_for_pre_decomposition returned {type(out).__name__}, "
+                "not an ExportedProgram"
+            )
+        )
+    if out is ep and codec.first_difference(before, codec.fingerprint(out)) is None:
+        return None
+    return out
+
+
+__all__ = [
+    "PartitionerRaised",
+    "ops_to_not_decompose",
+    "partition",
+    "remote_exception",
+    "transform_for_pre_decomposition",
+]
+
+_ = torch  # torch is imported first so that its operators are registered
+_ = torch.fx
