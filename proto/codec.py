@@ -41,6 +41,7 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 __all__ = [
     "BlobMissing",
+    "BlobSizeMismatch",
     "CodecError",
     "EncodedProgram",
     "FingerprintMismatch",
@@ -81,6 +82,10 @@ class BlobMissing(CodecError):
     def __init__(self, digest: pb.Digest) -> None:
         super().__init__(f"blob {digest.hash}/{digest.size_bytes} is missing")
         self.digest = digest
+
+
+class BlobSizeMismatch(ProgramDecodeError):
+    """A blob's size differs from the size the program declares for it."""
 
 
 class FingerprintMismatch(CodecError):
@@ -565,7 +570,7 @@ class _Decoder:
     def blob(self, digest: pb.Digest) -> bytes | bytearray | memoryview:
         data = self._get_blob(digest)
         if memoryview(data).nbytes != digest.size_bytes:
-            raise ProgramDecodeError(
+            raise BlobSizeMismatch(
                 f"blob {digest.hash} holds {memoryview(data).nbytes} bytes, "
                 f"the program declares {digest.size_bytes}"
             )

@@ -1,0 +1,383 @@
+"""``RemotePartitioner``: an ExecuTorch ``Partitioner`` whose hooks run on a remote server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import grpc
+import torch
+import torch.fx
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import (
+    DelegationSpec,
+    Partitioner,
+    PartitionResult,
+)
+from torch.export import ExportedProgram
+
+from remote_partitioner.client.errors import (
+    IncompatibleServerError,
+    PartitionerNotFoundError,
+    RemotePartitionerError,
+    from_rpc_error,
+    remote_exception,
+)
+from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+SpecScalar = bool | int | float | str | bytes
+CHUNK_BYTES = 1 << 20
+_HOOK_NAMES = {
+    pb.HOOK_PARTITION: "partition",
+    pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
+    pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: "transform_for_pre_decomposition",
+}
+
+
+def spec_value(key: str, value: object) -> pb.SpecValue:
+    """A Python scalar as a SpecValue; TypeError naming the key for anything else."""
+    if isinstance(value, bool):
+        return pb.SpecValue(bool_value=value)
+    if isinstance(value, int):
+        return pb.SpecValue(int_value=value)
+    if isinstance(value, float):
+        return pb.SpecValue(double_value=value)
+    if isinstance(value, str):
+        return pb.SpecValue(string_value=value)
+    if isinstance(value, (bytes, bytearray)):
+        return pb.SpecValue(bytes_value=bytes(value))
+    raise TypeError(
+        f"spec key {key!r}: a {type(value).__name__} cannot be sent; "
+        "use bool, int, float, str or bytes"
+    )
+
+
+def _local_versions() -> dict[str, str]:
+    return {"torch": torch.__version__, "executorch": metadata.version("executorch")}
+
+
+class RemotePartitioner(Partitioner):
+    """A ``Partitioner`` that proxies every hook to a partitioner hosted by a remote server.
+
+    It can stand wherever the hosted partitioner would: in
+    ``to_edge_transform_and_lower(ep, partitioner=[RemotePartitioner(...)])`` and in
+    ``to_edge(ep).to_backend(RemotePartitioner(...))``, and gives the same program, hence the
+    same ``.pte`` bytes, as the local partitioner built with the same spec.
+
+    Contract of each hook, as for the local partitioner:
+
+    * ``partition(ep)`` tags ``ep``'s own nodes in place (``node.meta["delegation_tag"]``),
+      applies every other ``node.meta`` entry the hosted partitioner added, changed or removed,
+      and returns ``PartitionResult(ep, partition_tags)``; the graph itself is untouched.
+    * ``ops_to_not_decompose(ep)`` returns real ``OpOverload``s and a filter, or ``None``
+      exactly when the hosted partitioner's filter is ``None``; the filter answers, on every
+      node of ``ep``, what the hosted filter answered (and raises what it raised).
+    * ``transform_for_pre_decomposition(ep)`` returns the remotely transformed program, or
+      ``ep`` itself when the hosted partitioner does not transform.
+
+    Hooks that the hosted partitioner does not override are answered locally with the base
+    class's answer, without a round trip. An exception raised by the hosted partitioner is
+    raised here with the same built-in class and message, the remote traceback chained.
+
+    Args:
+        target: any gRPC target string: ``host:port``, ``ipv4:a:p1,b:p2``, ``dns:///name:port``.
+        partitioner: the hosted partitioner's name (``ListPartitioners``), e.g. ``"xnnpack"``.
+        spec: the hosted partitioner's spec keys and values (bool, int, float, str or bytes).
+        timeout: per-call deadline in seconds; None waits as long as the call takes.
+        channel: an existing channel to use instead of opening one to ``target``.
+        credentials: channel credentials for TLS; None opens an insecure channel.
+        options: extra channel options.
+        check_versions: refuse a server whose torch or ExecuTorch version differs from ours.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        partitioner: str,
+        spec: Mapping[str, SpecScalar] | None = None,
+        *,
+        timeout: float | None = None,
+        channel: grpc.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        check_versions: bool = True,
+    ) -> None:
+        super().__init__(dict(spec or {}))
+        self.target = target
+        self.partitioner_name = partitioner
+        self.timeout = timeout
+        self.check_versions = check_versions
+        self._spec_msg = {k: spec_value(k, v) for k, v in (spec or {}).items()}
+        self._credentials = credentials
+        self._options = list(options)
+        self._owns_channel = channel is None
+        self._channel = channel
+        self._stub: pb_grpc.RemotePartitionerStub | None = None
+        self._info: pb.PartitionerInfo | None = None
+        self._lock = threading.Lock()
+        self._digests = codec.DigestCache()
+        self.stats = {"calls": 0, "bytes_uploaded": 0, "blobs_uploaded": 0}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def __repr__(self) -> str:
+        return f"RemotePartitioner({self.target!r}, {self.partitioner_name!r}, {self.spec!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for k in ("_channel", "_stub", "_lock", "_digests"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._channel, self._stub = None, None
+        self._owns_channel = True
+        self._lock = threading.Lock()
+        self._digests = codec.DigestCache()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RemotePartitioner:
+        # A partitioner is configuration plus a connection; copies share neither state nor
+        # channel, and open their own channel on first use.
+        clone = RemotePartitioner.__new__(RemotePartitioner)
+        clone.__setstate__(self.__getstate__())
+        return clone
+
+    def close(self) -> None:
+        """Close the channel this partitioner opened (not one it was given)."""
+        if self._channel is not None and self._owns_channel:
+            self._channel.close()
+        self._channel, self._stub = None, None
+
+    @property
+    def stub(self) -> pb_grpc.RemotePartitionerStub:
+        with self._lock:
+            if self._stub is None:
+                if self._channel is None:
+                    if self._credentials is not None:
+                        self._channel = grpc.secure_channel(
+                            self.target, self._credentials, options=self._options
+                        )
+                    else:
+                        self._channel = grpc.insecure_channel(self.target, options=self._options)
+                self._stub = pb_grpc.RemotePartitionerStub(self._channel)
+            return self._stub
+
+    def _rpc(self, method: Callable[..., Any], request: Any) -> Any:
+        self.stats["calls"] += 1
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    @property
+    def info(self) -> pb.PartitionerInfo:
+        """The hosted partitioner's description (fetched once)."""
+        if self._info is None:
+            response = self._rpc(self.stub.ListPartitioners, pb.ListPartitionersRequest())
+            if self.check_versions:
+                local = _local_versions()
+                remote = {"torch": response.versions.torch,
+                          "executorch": response.versions.executorch}
+                if local != remote:
+                    raise IncompatibleServerError(
+                        f"server at {self.target} runs {remote}, this client {local}: it "
+                        "cannot reproduce a local lowering (check_versions=False to use it "
+                        "anyway)",
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                    )
+            for p in response.partitioners:
+                if p.name == self.partitioner_name:
+                    self._info = p
+                    break
+            else:
+                names = ", ".join(p.name for p in response.partitioners) or "none"
+                raise PartitionerNotFoundError(
+                    f"server at {self.target} hosts no partitioner {self.partitioner_name!r}; "
+                    f"hosted: {names}",
+                    grpc.StatusCode.NOT_FOUND,
+                    errors.Reason.UNKNOWN_PARTITIONER.value,
+                )
+        return self._info
+
+    def overrides(self, hook: str) -> bool:
+        """Whether the hosted partitioner overrides ``hook`` (else the base answer holds)."""
+        return hook in {_HOOK_NAMES.get(h) for h in self.info.overridden_hooks}
+
+    def _ref(self) -> pb.PartitionerRef:
+        return pb.PartitionerRef(name=self.partitioner_name, spec=self._spec_msg)
+
+    def _upload(self, blobs: Mapping[str, memoryview | bytes], digests: list[pb.Digest]) -> None:
+        if not digests:
+            return
+        missing = self._rpc(
+            self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=digests)
+        ).missing_digests
+        if not missing:
+            return
+
+        def chunks() -> Iterator[pb.UploadBlobsRequest]:
+            for d in missing:
+                data = memoryview(blobs[d.hash])
+                if data.nbytes == 0:
+                    yield pb.UploadBlobsRequest(digest=d, offset=0, data=b"")
+                for off in range(0, data.nbytes, CHUNK_BYTES):
+                    piece = data[off : off + CHUNK_BYTES]
+                    yield pb.UploadBlobsRequest(digest=d, offset=off, data=piece.tobytes())
+
+        self._rpc(self.stub.UploadBlobs, chunks())
+        self.stats["blobs_uploaded"] += len(missing)
+        self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
+
+    def _call_hook(
+        self, method: Callable[..., Any], make: Callable[[pb.Program], Any], ep: ExportedProgram
+    ) -> tuple[Any, codec.EncodedProgram]:
+        """Encode ``ep``, upload what the server lacks, call ``method``; retry once if the
+        server evicted a blob in between."""
+        try:
+            encoded = codec.encode_program(ep, digests=self._digests)
+        except codec.ProgramEncodeError as e:
+            raise RemotePartitionerError(
+                f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
+                errors.Reason.INVALID_PROGRAM.value,
+            ) from e
+        digests = encoded.digests()
+        for attempt in (0, 1):
+            self._upload(encoded.blobs, digests)
+            try:
+                return self._rpc(method, make(encoded.message)), encoded
+            except RemotePartitionerError as e:
+                if attempt == 0 and e.reason == errors.Reason.BLOB_MISSING:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _read_blob(self, digest: pb.Digest) -> bytes:
+        parts = []
+        try:
+            for chunk in self.stub.ReadBlobs(
+                pb.ReadBlobsRequest(digests=[digest]), timeout=self.timeout
+            ):
+                parts.append(chunk.data)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return b"".join(parts)
+
+    # ------------------------------------------------------------------ hooks
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        response, _ = self._call_hook(
+            self.stub.Partition,
+            lambda msg: pb.PartitionRequest(partitioner=self._ref(), program=msg),
+            exported_program,
+        )
+        nodes = _nodes_by_ref(exported_program)
+        for t in response.tags:
+            _node(nodes, t.node).meta["delegation_tag"] = t.tag
+        for u in response.meta_updates:
+            node = _node(nodes, u.node)
+            if u.removed:
+                node.meta.pop(u.key, None)
+            else:
+                node.meta[u.key] = codec.decode_meta_value(u.value)
+        partition_tags = {
+            tag: DelegationSpec(
+                spec.backend_id, [CompileSpec(cs.key, bytes(cs.value)) for cs in spec.compile_specs]
+            )
+            for tag, spec in response.partition_tags.items()
+        }
+        return PartitionResult(
+            tagged_exported_program=exported_program, partition_tags=partition_tags
+        )
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        if not self.overrides("ops_to_not_decompose"):
+            return super().ops_to_not_decompose(ep)
+        response, _ = self._call_hook(
+            self.stub.OpsToNotDecompose,
+            lambda msg: pb.OpsToNotDecomposeRequest(partitioner=self._ref(), program=msg),
+            ep,
+        )
+        try:
+            ops = [codec.op_from_name(name) for name in response.ops]
+        except ValueError as e:
+            raise RemotePartitionerError(
+                f"the server named an operator this client does not have: {e}"
+            ) from e
+        if not response.has_filter:
+            return ops, None
+        nodes = _nodes_by_ref(ep)
+        answers: dict[torch.fx.Node, bool | pb.RemoteException] = dict.fromkeys(
+            nodes.values(), False
+        )
+        for ref in response.supported:
+            answers[_node(nodes, ref)] = True
+        for failure in response.failures:
+            answers[_node(nodes, failure.node)] = failure.exception
+        return ops, _RemoteFilter(answers, self.partitioner_name)
+
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        if not self.overrides("transform_for_pre_decomposition"):
+            return super().transform_for_pre_decomposition(exported_program)
+        response, encoded = self._call_hook(
+            self.stub.TransformForPreDecomposition,
+            lambda msg: pb.TransformForPreDecompositionRequest(
+                partitioner=self._ref(), program=msg
+            ),
+            exported_program,
+        )
+        if response.unchanged:
+            return exported_program
+
+        def blob(d: pb.Digest) -> bytes | memoryview:
+            local = encoded.blobs.get(d.hash)
+            return local if local is not None else self._read_blob(d)
+
+        return codec.decode_program(response.program, blob)
+
+
+class _RemoteFilter:
+    """The remote ``ops_to_not_decompose`` filter's answers, node by node."""
+
+    def __init__(
+        self, answers: dict[torch.fx.Node, bool | pb.RemoteException], partitioner: str
+    ) -> None:
+        self._answers = answers
+        self._partitioner = partitioner
+
+    def __call__(self, node: torch.fx.Node) -> bool:
+        try:
+            answer = self._answers[node]
+        except KeyError:
+            raise RemotePartitionerError(
+                f"the filter of remote partitioner {self._partitioner!r} was asked about node "
+                f"{node.name!r}, which is not in the program it was computed on"
+            ) from None
+        if isinstance(answer, pb.RemoteException):
+            raise remote_exception(answer.type, answer.message, answer.traceback)
+        return answer
+
+
+def _nodes_by_ref(ep: ExportedProgram) -> dict[tuple[str, str], torch.fx.Node]:
+    return {
+        (path, node.name): node
+        for path, gm in codec.graph_modules(ep.graph_module)
+        for node in gm.graph.nodes
+    }
+
+
+def _node(nodes: Mapping[tuple[str, str], torch.fx.Node], ref: pb.NodeRef) -> torch.fx.Node:
+    try:
+        return nodes[(ref.graph, ref.name)]
+    except KeyError:
+        raise RemotePartitionerError(
+            f"the server answered for node {ref.name!r} of graph {ref.graph or '<root>'!r}, "
+            "which the program does not have",
+            grpc.StatusCode.INTERNAL,
+        ) from None
