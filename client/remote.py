@@ -111,7 +111,9 @@ class RemotePartitioner(Partitioner):
         self.partitioner_name = partitioner
         self.timeout = timeout
         self.check_versions = check_versions
-        self._spec_msg = {k: spec_value(k, v) for k, v in (spec or {}).items()}
+        self._spec_msg = [
+            pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()
+        ]
         self._credentials = credentials
         self._options = list(options)
         self._owns_channel = channel is None
@@ -285,10 +287,11 @@ class RemotePartitioner(Partitioner):
             else:
                 node.meta[u.key] = codec.decode_meta_value(u.value)
         partition_tags = {
-            tag: DelegationSpec(
-                spec.backend_id, [CompileSpec(cs.key, bytes(cs.value)) for cs in spec.compile_specs]
+            p.tag: DelegationSpec(
+                p.delegation_spec.backend_id,
+                [CompileSpec(cs.key, bytes(cs.value)) for cs in p.delegation_spec.compile_specs],
             )
-            for tag, spec in response.partition_tags.items()
+            for p in response.partition_tags
         }
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags

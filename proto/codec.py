@@ -808,15 +808,17 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
             elif isinstance(value, list) and f.args.startswith("(("):
                 out.args = (tuple(value),)
                 changed = True
-        # get_attr nodes back to where the client had them.
-        order = [f.name for f in want]
+        # Node order, as the client had it: the deserializers put get_attr nodes where they
+        # are first used and getitem nodes right after their producer. The client's order is a
+        # topological order of the same edges (the fingerprint checks them), so it is legal.
         by_name = {n.name: n for n in graph.nodes}
         prev: torch.fx.Node | None = None
-        for name in order:
-            node = by_name.get(name)
-            if node is None:
+        for f in want:
+            node = by_name.get(f.name)
+            if node is None or node.op == "placeholder":
+                prev = node if node is not None else prev
                 continue
-            if node.op == "get_attr" and prev is not None and node.prev is not prev:
+            if prev is not None and node.prev is not prev:
                 prev.append(node)
                 changed = True
             prev = node

@@ -76,13 +76,14 @@ def partition(partitioner: Partitioner, ep: ExportedProgram) -> pb.PartitionResp
     tagged = result.tagged_exported_program
     response = pb.PartitionResponse()
     for tag, spec in (result.partition_tags or {}).items():
-        response.partition_tags[tag].CopyFrom(
-            pb.DelegationSpec(
+        response.partition_tags.add(
+            tag=tag,
+            delegation_spec=pb.DelegationSpec(
                 backend_id=spec.backend_id,
                 compile_specs=[
                     pb.CompileSpec(key=cs.key, value=bytes(cs.value)) for cs in spec.compile_specs
                 ],
-            )
+            ),
         )
     for path, gm in codec.graph_modules(tagged.graph_module):
         for node in gm.graph.nodes:

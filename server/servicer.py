@@ -90,12 +90,23 @@ def abort(
     raise AssertionError("abort_with_status returned")  # pragma: no cover
 
 
-def spec_from_message(spec: Mapping[str, pb.SpecValue]) -> dict[str, object]:
-    """SpecValue map -> plain Python values (unset values are None, refused by validation)."""
+class DuplicateSpecKey(ValueError):
+    """A spec key appears twice in a request."""
+
+
+def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
+    """Spec entries -> plain Python values, in order (an unset value is None, which
+    validation refuses).
+
+    Raises:
+        DuplicateSpecKey: a key appears twice.
+    """
     out: dict[str, object] = {}
-    for key, value in spec.items():
-        kind = value.WhichOneof("value")
-        out[key] = getattr(value, kind) if kind else None
+    for entry in spec:
+        if entry.key in out:
+            raise DuplicateSpecKey(f"spec key {entry.key!r} appears more than once")
+        kind = entry.value.WhichOneof("value")
+        out[entry.key] = getattr(entry.value, kind) if kind else None
     return out
 
 
@@ -279,6 +290,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             abort(context, grpc.StatusCode.NOT_FOUND, Reason.UNKNOWN_PARTITIONER, str(e))
         try:
             partitioner = hosted.create(spec_from_message(ref.spec))
+        except DuplicateSpecKey as e:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e))
         except InvalidSpecError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e),
                   {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected})

@@ -66,18 +66,19 @@ class SpecValue(_message.Message):
 
 class PartitionerRef(_message.Message):
     __slots__ = ("name", "spec")
-    class SpecEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: SpecValue
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SpecValue, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     name: str
-    spec: _containers.MessageMap[str, SpecValue]
-    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Mapping[str, SpecValue]] = ...) -> None: ...
+    spec: _containers.RepeatedCompositeFieldContainer[SpecEntry]
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Iterable[_Union[SpecEntry, _Mapping]]] = ...) -> None: ...
+
+class SpecEntry(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: SpecValue
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SpecValue, _Mapping]] = ...) -> None: ...
 
 class CompileSpec(_message.Message):
     __slots__ = ("key", "value")
@@ -362,20 +363,21 @@ class PartitionRequest(_message.Message):
 
 class PartitionResponse(_message.Message):
     __slots__ = ("tags", "partition_tags", "meta_updates")
-    class PartitionTagsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: DelegationSpec
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DelegationSpec, _Mapping]] = ...) -> None: ...
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_TAGS_FIELD_NUMBER: _ClassVar[int]
     META_UPDATES_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.RepeatedCompositeFieldContainer[NodeTag]
-    partition_tags: _containers.MessageMap[str, DelegationSpec]
+    partition_tags: _containers.RepeatedCompositeFieldContainer[PartitionTag]
     meta_updates: _containers.RepeatedCompositeFieldContainer[MetaUpdate]
-    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Mapping[str, DelegationSpec]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
+    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Iterable[_Union[PartitionTag, _Mapping]]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
+
+class PartitionTag(_message.Message):
+    __slots__ = ("tag", "delegation_spec")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    tag: str
+    delegation_spec: DelegationSpec
+    def __init__(self, tag: _Optional[str] = ..., delegation_spec: _Optional[_Union[DelegationSpec, _Mapping]] = ...) -> None: ...
 
 class OpsToNotDecomposeRequest(_message.Message):
     __slots__ = ("partitioner", "program")
