@@ -215,6 +215,10 @@ def _arg_text(a: Any) -> str:
     return f"<{type(a).__name__}>"
 
 
+def _args_text(node: torch.fx.Node) -> str:
+    return _arg_text(node.args) + _arg_text(dict(node.kwargs))
+
+
 def fingerprint(ep: ExportedProgram) -> list[pb.NodeFingerprint]:
     """The structural fingerprint of every node of every graph of ``ep``, in graph order."""
     out = []
@@ -228,7 +232,7 @@ def fingerprint(ep: ExportedProgram) -> list[pb.NodeFingerprint]:
                     target=_target_name(node.target),
                     num_args=len(node.args),
                     kwarg_names=list(node.kwargs.keys()),
-                    args=_arg_text(node.args) + _arg_text(dict(node.kwargs)),
+                    args=_args_text(node),
                 )
             )
     return out
@@ -777,6 +781,14 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
             ):
                 graph.erase_node(node)
                 changed = True
+        for node in graph.nodes:
+            f = names.get(node.name)
+            if f is None:
+                continue
+            # Placeholder targets: the deserializers name the target after the node.
+            if node.op == "placeholder" and node.target != f.target:
+                node.target = f.target
+                changed = True
         # Positional vs keyword arguments, as the client had them.
         for node in graph.nodes:
             f = names.get(node.name)
@@ -797,17 +809,27 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
                 node.args = tuple(pos)
                 node.kwargs = {k: kw[k] for k in f.kwarg_names}
                 changed = True
-        # The output node's container (list or tuple), as the client had it.
-        out = graph.output_node() if want else None
-        f = names.get(out.name) if out is not None else None
-        if out is not None and f is not None and len(out.args) == 1:
-            value = out.args[0]
-            if isinstance(value, tuple) and f.args.startswith("(["):
-                out.args = (list(value),)
-                changed = True
-            elif isinstance(value, list) and f.args.startswith("(("):
-                out.args = (tuple(value),)
-                changed = True
+        for node in graph.nodes:
+            f = names.get(node.name)
+            if f is None:
+                continue
+            # Lists and tuples of arguments (higher-order operators' operands, the output
+            # node's values), as the client had them.
+            if node.op in ("call_function", "output") and _args_text(node) != f.args:
+                args, prefix = [], "("
+                for a in node.args:
+                    choice = a
+                    if isinstance(a, (list, tuple)):
+                        flipped = tuple(a) if isinstance(a, list) else list(a)
+                        if not f.args.startswith(prefix + _arg_text(a)) and f.args.startswith(
+                            prefix + _arg_text(flipped)
+                        ):
+                            choice = flipped
+                    args.append(choice)
+                    prefix += _arg_text(choice) + ", "
+                if _arg_text(tuple(args)) + _arg_text(dict(node.kwargs)) == f.args:
+                    node.args = tuple(args)
+                    changed = True
         # Node order, as the client had it: the deserializers put get_attr nodes where they
         # are first used and getitem nodes right after their producer. The client's order is a
         # topological order of the same edges (the fingerprint checks them), so it is legal.

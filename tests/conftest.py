@@ -1,0 +1,85 @@
+"""Shared fixtures: a real server process on a free loopback port, and an in-process one."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+STARTUP_SECONDS = 180
+
+
+def wait_serving(target: str, deadline: float) -> None:
+    """Poll grpc.health.v1 until SERVING; bounded by ``deadline`` (time.monotonic())."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"server at {target} did not report SERVING in time")
+
+
+@pytest.fixture(scope="session")
+def server_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`remote-partitioner serve` in its own process, on a free port of 127.0.0.1."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+         "--address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + STARTUP_SECONDS
+    line = proc.stdout.readline()
+    match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
+    if match is None:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise RuntimeError(f"server did not start: {line!r}\n{err[-4000:]}")
+    target = match.group(1)
+    wait_serving(target, deadline)
+    yield proc, target
+    proc.terminate()
+    try:
+        proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="session")
+def server_address(server_process: tuple[subprocess.Popen[str], str]) -> str:
+    """The target string of the session's server process."""
+    return server_process[1]
+
+
+@pytest.fixture()
+def inproc_server() -> Iterator[tuple[object, str]]:
+    """A server in this process (for tests that look at its blob store); yields (servicer
+    pieces, target)."""
+    from remote_partitioner.server.app import create_server
+    from remote_partitioner.server.blobstore import BlobStore
+
+    store = BlobStore()
+    server, port = create_server("127.0.0.1:0", blob_store=store)
+    server.start()
+    try:
+        yield store, f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
