@@ -85,7 +85,10 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
     code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (e.details() if isinstance(e, grpc.Call) else None) or str(e)
     reason, metadata = "", {}
-    status = rpc_status.from_call(e) if isinstance(e, grpc.Call) else None
+    try:
+        status = rpc_status.from_call(e) if isinstance(e, grpc.Call) else None
+    except ValueError:  # a status detail that does not match the call's code
+        status = None
     if status is not None:
         for any_detail in status.details:
             if any_detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):

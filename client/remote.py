@@ -31,6 +31,12 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
 SpecScalar = bool | int | float | str | bytes
 CHUNK_BYTES = 1 << 20
+#: Room for large responses and for error trailers that carry a remote traceback.
+DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_metadata_size", 1 << 20),
+]
 _HOOK_NAMES = {
     pb.HOOK_PARTITION: "partition",
     pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
@@ -115,14 +121,16 @@ class RemotePartitioner(Partitioner):
             pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()
         ]
         self._credentials = credentials
-        self._options = list(options)
+        self._options = [*DEFAULT_CHANNEL_OPTIONS, *options]
         self._owns_channel = channel is None
         self._channel = channel
         self._stub: pb_grpc.RemotePartitionerStub | None = None
         self._info: pb.PartitionerInfo | None = None
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
-        self.stats = {"calls": 0, "bytes_uploaded": 0, "blobs_uploaded": 0}
+        #: Counters: RPCs made, blobs and bytes uploaded, and of those the graph (JSON) bytes.
+        self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
+                      "graph_bytes_uploaded": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -174,7 +182,8 @@ class RemotePartitioner(Partitioner):
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            exc = from_rpc_error(e)
+        raise exc from exc.__cause__  # the remote traceback, if the server sent one
 
     @property
     def info(self) -> pb.PartitionerInfo:
@@ -213,7 +222,12 @@ class RemotePartitioner(Partitioner):
     def _ref(self) -> pb.PartitionerRef:
         return pb.PartitionerRef(name=self.partitioner_name, spec=self._spec_msg)
 
-    def _upload(self, blobs: Mapping[str, memoryview | bytes], digests: list[pb.Digest]) -> None:
+    def _upload(
+        self,
+        blobs: Mapping[str, memoryview | bytes],
+        digests: list[pb.Digest],
+        graphs: set[str],
+    ) -> None:
         if not digests:
             return
         missing = self._rpc(
@@ -234,6 +248,7 @@ class RemotePartitioner(Partitioner):
         self._rpc(self.stub.UploadBlobs, chunks())
         self.stats["blobs_uploaded"] += len(missing)
         self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
+        self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)
 
     def _call_hook(
         self, method: Callable[..., Any], make: Callable[[pb.Program], Any], ep: ExportedProgram
@@ -248,8 +263,9 @@ class RemotePartitioner(Partitioner):
                 errors.Reason.INVALID_PROGRAM.value,
             ) from e
         digests = encoded.digests()
+        graphs = {d.hash for d in codec.graph_digests(encoded.message)}
         for attempt in (0, 1):
-            self._upload(encoded.blobs, digests)
+            self._upload(encoded.blobs, digests, graphs)
             try:
                 return self._rpc(method, make(encoded.message)), encoded
             except RemotePartitionerError as e:
@@ -266,7 +282,8 @@ class RemotePartitioner(Partitioner):
             ):
                 parts.append(chunk.data)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            exc = from_rpc_error(e)
+            raise exc from exc.__cause__
         return b"".join(parts)
 
     # ------------------------------------------------------------------ hooks

@@ -55,7 +55,9 @@ __all__ = [
     "encode_program",
     "fingerprint",
     "first_difference",
+    "graph_digests",
     "graph_modules",
+    "iter_digests",
     "op_from_name",
     "op_name",
 ]
@@ -834,19 +836,26 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
         # are first used and getitem nodes right after their producer. The client's order is a
         # topological order of the same edges (the fingerprint checks them), so it is legal.
         by_name = {n.name: n for n in graph.nodes}
-        prev: torch.fx.Node | None = None
-        for f in want:
-            node = by_name.get(f.name)
-            if node is None or node.op == "placeholder":
-                prev = node if node is not None else prev
-                continue
-            if prev is not None and node.prev is not prev:
-                prev.append(node)
-                changed = True
-            prev = node
+        # With other nodes than the client's, leave the order: the fingerprint check names
+        # the difference.
+        if by_name.keys() == names.keys():
+            changed |= _reorder(want, by_name)
         if changed:
             graph.lint()
             gm.recompile()
+
+
+def _reorder(want: list[pb.NodeFingerprint], by_name: dict[str, torch.fx.Node]) -> bool:
+    """Move nodes into the client's order; True if any moved."""
+    changed = False
+    prev: torch.fx.Node | None = None
+    for f in want:
+        node = by_name[f.name]
+        if node.op != "placeholder" and prev is not None and node.prev is not prev:
+            prev.append(node)
+            changed = True
+        prev = node
+    return changed
 
 
 def decode_program(
@@ -864,6 +873,13 @@ def decode_program(
         FingerprintMismatch: the rebuilt program differs from the client's fingerprint.
     """
     return _Decoder(blobs).program(msg)
+
+
+def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
+    """The graph (JSON) blob digests of a Program message and its nested lowered programs."""
+    yield msg.graph
+    for lm in msg.lowered_modules:
+        yield from graph_digests(lm.original_program)
 
 
 def iter_digests(msg: pb.Program) -> Iterator[pb.Digest]:

@@ -12,15 +12,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.fx
-from executorch.exir.backend.partitioner import Partitioner
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 DELEGATION_TAG = "delegation_tag"
+#: The traceback crosses in a trailer; keep its tail within gRPC's metadata limits.
+MAX_TRACEBACK_CHARS = 16 << 10
 
 
 class PartitionerRaised(Exception):
@@ -33,11 +33,14 @@ class PartitionerRaised(Exception):
 
 def remote_exception(exc: BaseException) -> pb.RemoteException:
     """The wire form of an exception: class name, ``str()`` and formatted traceback."""
-    return pb.RemoteException(
-        type=type(exc).__name__,
-        message=str(exc),
-        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    )
+    # The message the exception was built with, so that the client rebuilds an equal one
+    # (str(KeyError("k")) is "'k'", but KeyError("'k'") is not KeyError("k")).
+    args = exc.args
+    message = args[0] if len(args) == 1 and isinstance(args[0], str) else str(exc)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > MAX_TRACEBACK_CHARS:
+        tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
+    return pb.RemoteException(type=type(exc).__name__, message=message, traceback=tb)
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -73,6 +76,10 @@ def partition(partitioner: Partitioner, ep: ExportedProgram) -> pb.PartitionResp
     """
     before = _meta_snapshot(ep)
     result = _call(partitioner.partition, ep)
+    if not isinstance(result, PartitionResult):
+        raise PartitionerRaised(
+            TypeError(f"partition() returned {type(result).__name__}, not a PartitionResult")
+        )
     tagged = result.tagged_exported_program
     response = pb.PartitionResponse()
     for tag, spec in (result.partition_tags or {}).items():
@@ -163,6 +170,3 @@ __all__ = [
     "remote_exception",
     "transform_for_pre_decomposition",
 ]
-
-_ = torch  # torch is imported first so that its operators are registered
-_ = torch.fx

@@ -276,6 +276,15 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         except BlobError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_DIGEST, str(e))
 
+    def _abort_raised(self, context: grpc.ServicerContext, r: pb.RemoteException) -> NoReturn:
+        # The full message and traceback travel once, in the ErrorInfo; the status message
+        # is a summary, so that the trailers stay within gRPC's metadata limits.
+        summary = r.message if len(r.message) <= 512 else r.message[:512] + "..."
+        abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.PARTITIONER_RAISED,
+              f"the hosted partitioner raised {r.type}: {summary}",
+              {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message,
+               EXCEPTION_TRACEBACK: r.traceback})
+
     def _run(
         self,
         ref: pb.PartitionerRef,
@@ -295,6 +304,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         except InvalidSpecError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e),
                   {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected})
+        except Exception as e:  # the partitioner's own constructor refused the spec
+            self._abort_raised(context, hooks.remote_exception(e))
 
         def blob(d: pb.Digest) -> bytes:
             data = self.blobs.get(d.hash)
@@ -323,11 +334,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             try:
                 return hook(partitioner, ep)
             except hooks.PartitionerRaised as e:
-                r = e.remote
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.PARTITIONER_RAISED,
-                      f"the hosted partitioner raised {r.type}: {r.message}",
-                      {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message,
-                       EXCEPTION_TRACEBACK: r.traceback})
+                self._abort_raised(context, e.remote)
             except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
                 abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
 

@@ -36,12 +36,16 @@ def wait_serving(target: str, deadline: float) -> None:
 
 
 @pytest.fixture(scope="session")
-def server_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`remote-partitioner serve` in its own process, on a free port of 127.0.0.1."""
+def server_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`remote-partitioner serve` in its own process, on a free port of 127.0.0.1. Its log
+    goes to a file (a pipe nobody reads would fill up and block the server)."""
+    log = (tmp_path_factory.mktemp("server") / "server.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
          "--address", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert proc.stdout is not None
@@ -50,8 +54,9 @@ def server_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
     match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
     if match is None:
         proc.kill()
-        _, err = proc.communicate(timeout=30)
-        raise RuntimeError(f"server did not start: {line!r}\n{err[-4000:]}")
+        proc.communicate(timeout=30)
+        log.seek(0)
+        raise RuntimeError(f"server did not start: {line!r}\n{log.read()[-4000:]}")
     target = match.group(1)
     wait_serving(target, deadline)
     yield proc, target
@@ -61,6 +66,7 @@ def server_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
+    log.close()
 
 
 @pytest.fixture(scope="session")
