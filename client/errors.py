@@ -7,7 +7,6 @@ import builtins
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-
 from remote_partitioner.proto import errors
 
 

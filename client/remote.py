@@ -16,8 +16,6 @@ from executorch.exir.backend.partitioner import (
     Partitioner,
     PartitionResult,
 )
-from torch.export import ExportedProgram
-
 from remote_partitioner.client.errors import (
     IncompatibleServerError,
     PartitionerNotFoundError,
@@ -28,6 +26,7 @@ from remote_partitioner.client.errors import (
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+from torch.export import ExportedProgram
 
 SpecScalar = bool | int | float | str | bytes
 CHUNK_BYTES = 1 << 20

@@ -35,9 +35,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.export import ExportedProgram
-
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from torch.export import ExportedProgram
 
 __all__ = [
     "BlobMissing",
@@ -606,7 +605,9 @@ class _Decoder:
             return self._tensors[key]
         if ref.fake:
             if fake_mode is None:
-                raise ProgramDecodeError(f"tensor {ref.name!r} is fake but the graph has no fake mode")
+                raise ProgramDecodeError(
+                    f"tensor {ref.name!r} is fake but the graph has no fake mode"
+                )
             with fake_mode:
                 t = torch.empty_strided(sizes, strides, dtype=dtype, device="cpu")
         else:
@@ -616,10 +617,13 @@ class _Decoder:
             numel = math.prod(sizes)
             itemsize = torch.empty((), dtype=dtype).element_size()
             if numel:
-                last = ref.storage_offset + sum((s - 1) * st for s, st in zip(sizes, strides, strict=True))
+                last = ref.storage_offset + sum(
+                    (s - 1) * st for s, st in zip(sizes, strides, strict=True)
+                )
                 if any(st < 0 for st in strides) or (last + 1) * itemsize > storage.nbytes():
                     raise ProgramDecodeError(
-                        f"tensor {ref.name!r} reaches beyond its storage of {storage.nbytes()} bytes"
+                        f"tensor {ref.name!r} reaches beyond its storage of "
+                        f"{storage.nbytes()} bytes"
                     )
             t = torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
         if ref.is_parameter:

@@ -45,14 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"HOST:PORT to listen on (default {DEFAULT_ADDRESS}; port 0 = any)")
     serve.add_argument("--threads", type=int, default=8, help="RPC threads (default 8)")
     serve.add_argument("--cache-bytes", type=int, default=8 << 30,
-                       help="blob store bound in bytes, least recently used evicted (default 8 GiB)")
+                       help="blob store bound in bytes, least recently used evicted "
+                       "(default 8 GiB)")
     serve.add_argument("--grace", type=float, default=10.0,
                        help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
     serve.add_argument("--no-plugins", action="store_true",
                        help="host only the built-in partitioners, not entry-point plugins")
     serve.add_argument("--log-level", default="WARNING", help="Python logging level")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.command == "serve":
         return _serve(args)
     parser.error(f"unknown command {args.command}")

@@ -19,8 +19,6 @@ from executorch.exir.backend.partitioner import Partitioner
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from torch.export import ExportedProgram
-
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import (
     BLOB_DIGEST,
@@ -41,6 +39,7 @@ from remote_partitioner.server.registry import (
     Registry,
     UnknownPartitionerError,
 )
+from torch.export import ExportedProgram
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R")

@@ -17,10 +17,9 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner
 from executorch.exir.program._fake_program import get_fake_program
-from torch.export import Dim, ExportedProgram, export
-
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
+from torch.export import Dim, ExportedProgram, export
 
 EXAMPLE_MODELS = [
     "linear", "add_mul", "softmax", "conv1d", "lstm", "ds_cnn", "deep_autoencoder",
@@ -109,7 +108,10 @@ def test_pt2e_quantized_model(xnnpack: RemotePartitioner) -> None:
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6 * 6, 10),
     ).eval()
     inputs = (torch.randn(1, 3, 8, 8),)
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
@@ -364,7 +366,9 @@ def test_partition_returns_the_callers_program(xnnpack: RemotePartitioner) -> No
 
 def test_second_lowering_sends_no_tensor_again(server_address: str) -> None:
     torch.manual_seed(20261130)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)
+    )
     ep = export(model.eval(), (torch.randn(2, 256),), strict=True)
     tensor_bytes = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
     first = RemotePartitioner(server_address, "xnnpack", timeout=600)
