@@ -7,6 +7,7 @@ import builtins
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
 from remote_partitioner.proto import errors
 
 
@@ -83,7 +84,7 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
     """Turn a failed call into the typed exception its status and ``ErrorInfo`` describe."""
     code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (e.details() if isinstance(e, grpc.Call) else None) or str(e)
-    reason, metadata = "", {}
+    reason, metadata = "", dict[str, str]()
     try:
         status = rpc_status.from_call(e) if isinstance(e, grpc.Call) else None
     except ValueError:  # a status detail that does not match the call's code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
@@ -16,6 +17,8 @@ from executorch.exir.backend.partitioner import (
     Partitioner,
     PartitionResult,
 )
+from torch.export import ExportedProgram
+
 from remote_partitioner.client.errors import (
     IncompatibleServerError,
     PartitionerNotFoundError,
@@ -26,7 +29,6 @@ from remote_partitioner.client.errors import (
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from torch.export import ExportedProgram
 
 SpecScalar = bool | int | float | str | bytes
 CHUNK_BYTES = 1 << 20
@@ -309,8 +311,28 @@ class RemotePartitioner(Partitioner):
             )
             for p in response.partition_tags
         }
+        for spec in partition_tags.values():
+            self._ensure_backend(spec.backend_id)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
+        )
+
+    def _ensure_backend(self, backend_id: str) -> None:
+        """Import the backend whose ``preprocess`` ``to_backend`` will run here, as importing
+        the local partitioner would have; only ExecuTorch's own modules are imported."""
+        from executorch.exir.backend.backend_details import BackendDetails
+
+        if any(cls.__name__ == backend_id for cls in BackendDetails.__subclasses__()):
+            return
+        module = self.info.backend_module
+        if module.startswith("executorch.") and all(p.isidentifier() for p in module.split(".")):
+            importlib.import_module(module)
+            if any(cls.__name__ == backend_id for cls in BackendDetails.__subclasses__()):
+                return
+        raise RemotePartitionerError(
+            f"backend {backend_id!r} is not available in this process: import the module that "
+            f"defines it ({module or 'unknown'}) before lowering",
+            grpc.StatusCode.FAILED_PRECONDITION,
         )
 
     def ops_to_not_decompose(

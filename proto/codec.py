@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from torch.export import ExportedProgram
+
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 __all__ = [
     "BlobMissing",
@@ -113,7 +114,7 @@ def _storage_bytes(t: torch.Tensor) -> memoryview:
     if storage.nbytes() == 0:
         return memoryview(b"")
     flat = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[call-overload]
-    return memoryview(flat.numpy()).cast("B")
+    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
@@ -708,7 +709,7 @@ def _deserialize_edge(
             ref = json.loads(arg.arg.value).get(_LOWERED_MARKER)
             if not isinstance(ref, dict):
                 raise ProgramDecodeError("malformed lowered module reference")
-            m = lowered.get((ref.get("path"), ref.get("name")))
+            m = lowered.get((str(ref.get("path")), str(ref.get("name"))))
             if m is None:
                 raise ProgramDecodeError(f"lowered module {ref!r} is not in the program")
             original = decoder.program(m.original_program)

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from torch.export import ExportedProgram
+
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from torch.export import ExportedProgram
 
 DELEGATION_TAG = "delegation_tag"
 #: The traceback crosses in a trailer; keep its tail within gRPC's metadata limits.

@@ -19,6 +19,8 @@ from executorch.exir.backend.partitioner import Partitioner
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from torch.export import ExportedProgram
+
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import (
     BLOB_DIGEST,
@@ -39,7 +41,6 @@ from remote_partitioner.server.registry import (
     Registry,
     UnknownPartitionerError,
 )
-from torch.export import ExportedProgram
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R")
@@ -125,6 +126,16 @@ def _spec_value(value: object) -> pb.SpecValue | None:
     return None
 
 
+def _backend_module(backend_id: str) -> str:
+    """The module defining the ``BackendDetails`` subclass named ``backend_id``, or ""."""
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    for cls in BackendDetails.__subclasses__():
+        if cls.__name__ == backend_id:
+            return cls.__module__
+    return ""
+
+
 class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     """Implements ``remote_partitioner.v1.RemotePartitioner`` over a registry and blob store."""
 
@@ -150,6 +161,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 f"{hosted.partitioner_class.__qualname__}",
                 description=hosted.description,
                 overridden_hooks=[_HOOKS[h] for h in hosted.overridden_hooks()],
+                backend_module=_backend_module(hosted.backend_id),
             )
             for key in hosted.spec_keys.values():
                 k = info.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)

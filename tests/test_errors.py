@@ -24,6 +24,8 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from torch.export import ExportedProgram
+
 from remote_partitioner.client import (
     FingerprintMismatchError,
     InvalidSpecError,
@@ -48,7 +50,6 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.app import SERVICE_NAME, create_server
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.registry import HostedPartitioner, Registry, SpecKey
-from torch.export import ExportedProgram
 
 RPC_TIMEOUT = 60.0
 HOSTED = ("coreml", "vulkan", "xnnpack")

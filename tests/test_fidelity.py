@@ -17,9 +17,10 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner
 from executorch.exir.program._fake_program import get_fake_program
+from torch.export import Dim, ExportedProgram, export
+
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
-from torch.export import Dim, ExportedProgram, export
 
 EXAMPLE_MODELS = [
     "linear", "add_mul", "softmax", "conv1d", "lstm", "ds_cnn", "deep_autoencoder",
@@ -386,3 +387,29 @@ def test_unoverridden_hook_skips_the_round_trip(xnnpack: RemotePartitioner) -> N
     calls = xnnpack.stats["calls"]
     assert xnnpack.transform_for_pre_decomposition(ep) is ep
     assert xnnpack.stats["calls"] == calls
+
+
+def test_remote_lowering_in_a_process_without_the_backend(server_address: str) -> None:
+    """A process that never imported XNNPACK lowers through the server: the client imports the
+    backend's preprocess module the server names."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from torch.export import export
+from executorch.exir import to_edge_transform_and_lower
+from remote_partitioner.client import RemotePartitioner
+assert "executorch.backends.xnnpack.xnnpack_preprocess" not in sys.modules
+ep = export(torch.nn.Linear(8, 4).eval(), (torch.randn(2, 8),), strict=True)
+remote = RemotePartitioner({server_address!r}, "xnnpack")
+edge = to_edge_transform_and_lower(ep, partitioner=[remote])
+print(len(edge.to_executorch().buffer))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.strip().splitlines()[-1]) > 0

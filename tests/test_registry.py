@@ -33,6 +33,8 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPr
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from executorch.exir.dialects._ops import ops as exir_ops
+from torch.export import ExportedProgram
+
 from remote_partitioner.server import registry
 from remote_partitioner.server.registry import (
     ENTRY_POINT_GROUP,
@@ -47,7 +49,6 @@ from remote_partitioner.server.registry import (
     default_registry,
     load_entry_points,
 )
-from torch.export import ExportedProgram
 
 # --- a plugin, loaded through entry points by the tests below ------------------
 

@@ -272,20 +272,22 @@ class SpecKeyInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SpecType, str]] = ..., default: _Optional[_Union[SpecValue, _Mapping]] = ..., doc: _Optional[str] = ...) -> None: ...
 
 class PartitionerInfo(_message.Message):
-    __slots__ = ("name", "backend_id", "spec_keys", "overridden_hooks", "class_name", "description")
+    __slots__ = ("name", "backend_id", "spec_keys", "overridden_hooks", "class_name", "description", "backend_module")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
     OVERRIDDEN_HOOKS_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_MODULE_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend_id: str
     spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
     overridden_hooks: _containers.RepeatedScalarFieldContainer[Hook]
     class_name: str
     description: str
-    def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+    backend_module: str
+    def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ..., backend_module: _Optional[str] = ...) -> None: ...
 
 class ServerVersions(_message.Message):
     __slots__ = ("torch", "executorch", "export_schema", "api", "server")

@@ -1,0 +1,55 @@
+# Every target that needs Python sets up $(VENV) first (once; again when pyproject.toml changes).
+#
+#   make demo    start a server, lower a real model through it, compare with the local lowering
+#   make test    check generated code, lint, run the whole test suite (PYTEST_ARGS=... passes on)
+#   make serve   run the server on $(ADDRESS)
+
+PYTHON ?= python3
+VENV ?= .venv
+ADDRESS ?= 127.0.0.1:50051
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Folders git may not have (an empty one is not kept) are left out rather than failing ruff.
+LINT_PATHS := $(wildcard proto server client tests scripts bench)
+
+.PHONY: venv proto check-proto lint test demo serve clean distclean
+
+venv: $(STAMP)
+
+# torch is installed on its own first, pinned, so that pip takes the CPU build available to it
+# instead of resolving a plain `torch` requirement to the multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+proto: venv
+	$(BIN)/python scripts/gen_proto.py
+
+check-proto: venv
+	$(BIN)/python scripts/gen_proto.py --check
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+
+test: venv check-proto lint
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+serve: venv
+	$(BIN)/remote-partitioner serve --address $(ADDRESS)
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -f *.pte
+	find $(wildcard proto server client tests scripts bench) -name __pycache__ -prune \
+		-exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
