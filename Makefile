@@ -35,6 +35,7 @@ check-proto: venv
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy proto/codec.py proto/errors.py server client
 
 test: venv check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
