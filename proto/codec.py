@@ -19,8 +19,17 @@ What the serializers get wrong is repaired here, in one place:
 * ``get_attr`` nodes come back where the deserializer first needs them: the decoder moves them
   back to the client's position.
 
+* The graph JSON holds no metadata for placeholder, get_attr, output and getitem nodes, and
+  never ``tensor_meta``: ``NodeMetadata`` carries the serializer's own metadata strings for
+  those nodes and the shape of ``tensor_meta``, which is rebuilt from ``val``.
+
 After decoding, the rebuilt program's fingerprint is compared with the client's; any difference
 raises :class:`FingerprintMismatch` naming the first differing node.
+
+Node metadata that crosses: ``val``, ``tensor_meta``, ``stack_trace``, ``nn_module_stack``,
+``source_fn_stack``, ``torch_fn``, ``debug_handle``, ``from_node`` (Edge), ``custom``. Not
+crossing, and read by no hosted partitioner: ``seq_nr``, ``example_value``, ``original_aten``,
+``desc``.
 """
 
 from __future__ import annotations
@@ -422,7 +431,52 @@ class _Encoder:
         msg.module_tensors.extend(module_tensors)
         msg.lowered_modules.extend(lowered)
         msg.fingerprint.extend(fingerprint(ep))
+        msg.node_metadata.extend(_node_metadata(ep, dialect))
         return msg
+
+
+def _metadata_serializer(ep: ExportedProgram, dialect: int) -> Any:
+    if dialect == pb.DIALECT_EDGE:
+        from executorch.exir.serde import serialize as eser
+
+        return eser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
+    from torch._export.serde import serialize as tser
+
+    return tser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
+
+
+def _node_metadata(ep: ExportedProgram, dialect: int) -> Iterator[pb.NodeMetadata]:
+    """What the graph JSON drops: the metadata of nodes it holds no metadata for (placeholder,
+    get_attr, output and getitem nodes), the presence and shape of ``tensor_meta``, and a
+    ``val`` that is a list."""
+    serializer = _metadata_serializer(ep, dialect)
+    for path, gm in graph_modules(ep.graph_module):
+        for node in gm.graph.nodes:
+            entries: dict[str, str] = {}
+            if node.op != "call_function" or node.target is operator.getitem:
+                try:
+                    entries = serializer.serialize_metadata(node)
+                except Exception as e:
+                    raise ProgramEncodeError(
+                        f"metadata of placeholder {node.name!r} cannot be serialized: {e}"
+                    ) from e
+            tensor_meta = node.meta.get("tensor_meta")
+            has_tensor_meta = "tensor_meta" in node.meta
+            no_val = "val" not in node.meta
+            val_is_list = isinstance(node.meta.get("val"), list)
+            if entries or has_tensor_meta or no_val or val_is_list:
+                yield pb.NodeMetadata(
+                    node=pb.NodeRef(graph=path, name=node.name),
+                    entries=entries,
+                    has_tensor_meta=has_tensor_meta,
+                    tensor_meta_requires_grad=bool(getattr(tensor_meta, "requires_grad", False)),
+                    no_val=no_val,
+                    val_is_list=val_is_list,
+                    tensor_meta_is_none=has_tensor_meta and tensor_meta is None,
+                    tensor_meta_none_items=[t is None for t in tensor_meta]
+                    if isinstance(tensor_meta, (list, tuple))
+                    else [],
+                )
 
 
 def _serialize_aten(ep: ExportedProgram) -> bytes:
@@ -673,6 +727,7 @@ class _Decoder:
         problem = first_difference(msg.fingerprint, fingerprint(ep))
         if problem is not None:
             raise FingerprintMismatch(f"the program rebuilt on the server differs: {problem}")
+        _restore_metadata(ep, msg)
         return ep
 
 
@@ -848,6 +903,59 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
         if changed:
             graph.lint()
             gm.recompile()
+
+
+def _tensor_meta(val: Any, m: pb.NodeMetadata) -> Any:
+    """``tensor_meta`` rebuilt from ``val``, shaped as the client's (see NodeMetadata)."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    if m.tensor_meta_is_none:
+        return None
+    if isinstance(val, torch.Tensor):
+        return _extract_tensor_metadata(val)._replace(requires_grad=m.tensor_meta_requires_grad)
+    if isinstance(val, (list, tuple)):
+        nones = list(m.tensor_meta_none_items) or [False] * len(val)
+        return type(val)(
+            _extract_tensor_metadata(v) if isinstance(v, torch.Tensor) and not none else None
+            for v, none in zip(val, nones, strict=False)
+        )
+    return None
+
+
+def _restore_metadata(ep: ExportedProgram, msg: pb.Program) -> None:
+    """Put back what the graph JSON dropped (see :func:`_node_metadata`)."""
+    if not msg.node_metadata:
+        return
+    if msg.dialect == pb.DIALECT_EDGE:
+        from executorch.exir.serde import serialize as eser
+
+        deserializer: Any = eser.GraphModuleDeserializer()
+    else:
+        from torch._export.serde import serialize as tser
+
+        deserializer = tser.GraphModuleDeserializer()
+    nodes = {
+        (path, n.name): n for path, gm in graph_modules(ep.graph_module) for n in gm.graph.nodes
+    }
+    for m in msg.node_metadata:
+        node = nodes.get((m.node.graph, m.node.name))
+        if node is None:
+            raise ProgramDecodeError(
+                f"metadata for node {m.node.name!r}, which is not in the graph"
+            )
+        if m.entries:
+            try:
+                node.meta.update(deserializer.deserialize_metadata(dict(m.entries)))
+            except Exception as e:
+                raise ProgramDecodeError(
+                    f"metadata of node {m.node.name!r} cannot be read: {type(e).__name__}: {e}"
+                ) from e
+        if m.no_val:
+            node.meta.pop("val", None)
+        if m.val_is_list and isinstance(node.meta.get("val"), tuple):
+            node.meta["val"] = list(node.meta["val"])
+        if m.has_tensor_meta and "tensor_meta" not in node.meta:
+            node.meta["tensor_meta"] = _tensor_meta(node.meta.get("val"), m)
 
 
 def _reorder(want: list[pb.NodeFingerprint], by_name: dict[str, torch.fx.Node]) -> bool:

@@ -158,8 +158,35 @@ class NodeFingerprint(_message.Message):
     args: str
     def __init__(self, graph: _Optional[str] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., target: _Optional[str] = ..., num_args: _Optional[int] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., args: _Optional[str] = ...) -> None: ...
 
+class NodeMetadata(_message.Message):
+    __slots__ = ("node", "entries", "has_tensor_meta", "tensor_meta_requires_grad", "no_val", "tensor_meta_is_none", "tensor_meta_none_items", "val_is_list")
+    class EntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HAS_TENSOR_META_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_META_REQUIRES_GRAD_FIELD_NUMBER: _ClassVar[int]
+    NO_VAL_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_META_IS_NONE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_META_NONE_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    VAL_IS_LIST_FIELD_NUMBER: _ClassVar[int]
+    node: NodeRef
+    entries: _containers.ScalarMap[str, str]
+    has_tensor_meta: bool
+    tensor_meta_requires_grad: bool
+    no_val: bool
+    tensor_meta_is_none: bool
+    tensor_meta_none_items: _containers.RepeatedScalarFieldContainer[bool]
+    val_is_list: bool
+    def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., entries: _Optional[_Mapping[str, str]] = ..., has_tensor_meta: _Optional[bool] = ..., tensor_meta_requires_grad: _Optional[bool] = ..., no_val: _Optional[bool] = ..., tensor_meta_is_none: _Optional[bool] = ..., tensor_meta_none_items: _Optional[_Iterable[bool]] = ..., val_is_list: _Optional[bool] = ...) -> None: ...
+
 class Program(_message.Message):
-    __slots__ = ("dialect", "graph", "state_dict", "constants", "module_tensors", "lowered_modules", "fingerprint")
+    __slots__ = ("dialect", "graph", "state_dict", "constants", "module_tensors", "lowered_modules", "fingerprint", "node_metadata")
     DIALECT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     STATE_DICT_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +194,7 @@ class Program(_message.Message):
     MODULE_TENSORS_FIELD_NUMBER: _ClassVar[int]
     LOWERED_MODULES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_METADATA_FIELD_NUMBER: _ClassVar[int]
     dialect: Dialect
     graph: Digest
     state_dict: _containers.RepeatedCompositeFieldContainer[TensorRef]
@@ -174,7 +202,8 @@ class Program(_message.Message):
     module_tensors: _containers.RepeatedCompositeFieldContainer[ModuleTensor]
     lowered_modules: _containers.RepeatedCompositeFieldContainer[LoweredModule]
     fingerprint: _containers.RepeatedCompositeFieldContainer[NodeFingerprint]
-    def __init__(self, dialect: _Optional[_Union[Dialect, str]] = ..., graph: _Optional[_Union[Digest, _Mapping]] = ..., state_dict: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., module_tensors: _Optional[_Iterable[_Union[ModuleTensor, _Mapping]]] = ..., lowered_modules: _Optional[_Iterable[_Union[LoweredModule, _Mapping]]] = ..., fingerprint: _Optional[_Iterable[_Union[NodeFingerprint, _Mapping]]] = ...) -> None: ...
+    node_metadata: _containers.RepeatedCompositeFieldContainer[NodeMetadata]
+    def __init__(self, dialect: _Optional[_Union[Dialect, str]] = ..., graph: _Optional[_Union[Digest, _Mapping]] = ..., state_dict: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., module_tensors: _Optional[_Iterable[_Union[ModuleTensor, _Mapping]]] = ..., lowered_modules: _Optional[_Iterable[_Union[LoweredModule, _Mapping]]] = ..., fingerprint: _Optional[_Iterable[_Union[NodeFingerprint, _Mapping]]] = ..., node_metadata: _Optional[_Iterable[_Union[NodeMetadata, _Mapping]]] = ...) -> None: ...
 
 class NodeRef(_message.Message):
     __slots__ = ("graph", "name")

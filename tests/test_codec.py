@@ -1,0 +1,174 @@
+"""The program codec round-trips programs into structurally identical programs, without pickles."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir.program._fake_program import get_fake_program
+from torch.export import Dim, ExportedProgram, export
+
+from remote_partitioner.proto import codec
+
+META_KEYS = (
+    "stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "debug_handle",
+    "tensor_meta",
+)
+
+
+class _Net(torch.nn.Module):
+    """Linear with bias, layer norm and batch norm: the ops exir.serde gets wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.ln = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 8)
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x)).flatten(2)  # (N, 4, 16)
+        return self.fc(self.ln(y)) * self.scale
+
+
+class _Cond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: self.fc(x).sin(), lambda x: x.cos(), (x,))
+
+
+def _programs() -> Iterator[tuple[str, ExportedProgram]]:
+    torch.manual_seed(0)
+    net = _Net().eval()
+    x = torch.randn(2, 3, 6, 6)
+    aten = export(net, (x,), strict=True)
+    yield "aten", aten
+    edge = to_edge(copy.deepcopy(aten)).exported_program()
+    yield "edge", edge
+    yield "edge-fake", get_fake_program(edge)
+    lowered = to_edge_transform_and_lower(copy.deepcopy(aten), partitioner=[XnnpackPartitioner()])
+    yield "edge-with-delegates", lowered.exported_program()
+    batch = Dim("batch", min=1, max=16)
+    dyn = export(net, (x,), dynamic_shapes=({0: batch},), strict=True)
+    yield "aten-dynamic", dyn
+    yield "edge-dynamic", to_edge(dyn).exported_program()
+    cond = export(_Cond().eval(), (torch.randn(2, 4),), strict=True)
+    yield "aten-cond", cond
+    yield "edge-cond", to_edge(cond).exported_program()
+
+
+PROGRAMS = dict(_programs())
+
+
+def _roundtrip(ep: ExportedProgram) -> tuple[codec.EncodedProgram, ExportedProgram]:
+    encoded = codec.encode_program(ep)
+    blobs = {h: bytes(b) for h, b in encoded.blobs.items()}
+    return encoded, codec.decode_program(encoded.message, lambda d: blobs[d.hash])
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):  # symbolic sizes of two programs compare as text
+        return (str(tuple(value.shape)), value.dtype, str(tuple(value.stride())))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_comparable(v) for v in value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return str(value)
+    return value
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_roundtrip_is_structurally_identical(name: str) -> None:
+    ep = PROGRAMS[name]
+    _, decoded = _roundtrip(ep)
+    assert codec.first_difference(codec.fingerprint(ep), codec.fingerprint(decoded)) is None
+    assert str(decoded.graph_signature) == str(ep.graph_signature)
+    assert {str(k): str(v) for k, v in decoded.range_constraints.items()} == {
+        str(k): str(v) for k, v in ep.range_constraints.items()
+    }
+    assert [v.dialect for v in decoded.verifiers] == [v.dialect for v in ep.verifiers]
+    for path, gm in codec.graph_modules(ep.graph_module):
+        other = dict(codec.graph_modules(decoded.graph_module))[path]
+        for a, b in zip(gm.graph.nodes, other.graph.nodes, strict=True):
+            assert _comparable(b.meta.get("val")) == _comparable(a.meta.get("val")), a.name
+            for key in META_KEYS:
+                if key in a.meta:  # (symbolic sizes of two programs compare as text)
+                    assert str(b.meta.get(key)) == str(a.meta[key]), f"{name}: {a.name}: {key}"
+    for key, value in ep.state_dict.items():
+        got = decoded.state_dict[key]
+        assert (got.shape, got.dtype, type(got)) == (value.shape, value.dtype, type(value))
+        if not isinstance(value, torch._subclasses.fake_tensor.FakeTensor):
+            assert torch.equal(got, value)
+    for key, value in ep.constants.items():
+        assert torch.equal(decoded.constants[key], value)
+
+
+def test_exir_serde_hazards_are_repaired() -> None:
+    edge = PROGRAMS["edge"]
+    _, decoded = _roundtrip(edge)
+    names = [n.name for n in decoded.graph.nodes]
+    assert not [n for n in names if "_unused_" in n], "invented getitem nodes must be removed"
+    for a, b in zip(edge.graph.nodes, decoded.graph.nodes, strict=True):
+        assert len(b.args) == len(a.args) and list(b.kwargs) == list(a.kwargs), a.name
+
+
+def test_fake_tensors_cross_as_metadata_only() -> None:
+    fake = PROGRAMS["edge-fake"]
+    encoded, decoded = _roundtrip(fake)
+    assert all(r.fake and not r.HasField("storage") for r in encoded.message.state_dict)
+    param_bytes = sum(t.numel() * t.element_size() for t in fake.state_dict.values())
+    blob_bytes = sum(len(b) for b in encoded.blobs.values())
+    graph_bytes = encoded.message.graph.size_bytes
+    assert blob_bytes - graph_bytes < param_bytes
+    assert all(
+        isinstance(t, torch._subclasses.fake_tensor.FakeTensor) for t in decoded.state_dict.values()
+    )
+
+
+def test_decoding_never_unpickles(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the codec must not unpickle")
+
+    encoded = {name: codec.encode_program(ep) for name, ep in PROGRAMS.items()}
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    for e in encoded.values():
+        codec.decode_program(e.message, lambda d, e=e: e.blobs[d.hash])
+
+
+def test_missing_blob_is_named() -> None:
+    encoded = codec.encode_program(PROGRAMS["edge"])
+    target = encoded.message.state_dict[0].storage
+
+    def blobs(d: Any) -> Any:
+        if d.hash == target.hash:
+            raise codec.BlobMissing(d)
+        return encoded.blobs[d.hash]
+
+    with pytest.raises(codec.BlobMissing, match=target.hash):
+        codec.decode_program(encoded.message, blobs)
+
+
+def test_meta_values_roundtrip_and_refuse_objects() -> None:
+    value = {"a": [1, 2.5, "x", None, True, b"\x00"], "b": (1, (2, 3))}
+    assert codec.decode_meta_value(codec.encode_meta_value(value)) == value
+    with pytest.raises(codec.UnrepresentableMeta, match="node n, key k"):
+        codec.encode_meta_value({"f": object()}, where="node n, key k")
+
+
+def test_operator_names_roundtrip_and_refuse_non_operators() -> None:
+    op = torch.ops.aten.linear.default
+    assert codec.op_from_name(codec.op_name(op)) is op
+    for bad in ("os::system.default", "aten::__class__.default", "aten", "builtins::eval.x"):
+        with pytest.raises(ValueError):
+            codec.op_from_name(bad)
