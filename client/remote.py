@@ -99,6 +99,7 @@ class RemotePartitioner(Partitioner):
         credentials: channel credentials for TLS; None opens an insecure channel.
         options: extra channel options.
         check_versions: refuse a server whose torch or ExecuTorch version differs from ours.
+        token: a bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
     """
 
     def __init__(
@@ -112,12 +113,16 @@ class RemotePartitioner(Partitioner):
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         check_versions: bool = True,
+        token: str | None = None,
     ) -> None:
         super().__init__(dict(spec or {}))
         self.target = target
         self.partitioner_name = partitioner
         self.timeout = timeout
         self.check_versions = check_versions
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
         self._spec_msg = [
             pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()
         ]
@@ -181,7 +186,7 @@ class RemotePartitioner(Partitioner):
     def _rpc(self, method: Callable[..., Any], request: Any) -> Any:
         self.stats["calls"] += 1
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             exc = from_rpc_error(e)
         raise exc from exc.__cause__  # the remote traceback, if the server sent one
@@ -279,7 +284,8 @@ class RemotePartitioner(Partitioner):
         parts = []
         try:
             for chunk in self.stub.ReadBlobs(
-                pb.ReadBlobsRequest(digests=[digest]), timeout=self.timeout
+                pb.ReadBlobsRequest(digests=[digest]), timeout=self.timeout,
+                metadata=self._metadata,
             ):
                 parts.append(chunk.data)
         except grpc.RpcError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -29,10 +30,13 @@ def create_server(
     registry: Registry | None = None,
     blob_store: BlobStore | None = None,
     max_workers: int = 8,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
     """Create (not start) a server for the service on ``address``; return it and its port.
 
-    ``address`` is ``HOST:PORT``; port 0 picks a free port, which is returned. Health
+    ``address`` is ``HOST:PORT``; port 0 picks a free port, which is returned. With
+    ``credentials`` the port serves TLS; ``interceptors`` run on every call. Health
     (``grpc.health.v1``) is served on the same port and reports SERVING for the overall
     server ("") and for ``remote_partitioner.v1.RemotePartitioner`` once the server starts.
 
@@ -40,7 +44,9 @@ def create_server(
         RuntimeError: the address cannot be bound.
     """
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=SERVER_OPTIONS,
+        interceptors=list(interceptors),
     )
     servicer = RemotePartitionerServicer(
         registry if registry is not None else default_registry(),
@@ -49,7 +55,10 @@ def create_server(
     pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot bind {address}")
     for name in ("", SERVICE_NAME):
