@@ -35,7 +35,12 @@ check-proto: venv
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
-	$(BIN)/mypy proto/codec.py proto/errors.py server client
+	@# mypy cannot follow the editable install's import hook: give it the package layout.
+	@rm -rf build/mypy && mkdir -p build/mypy/remote_partitioner
+	@cp -r proto server client build/mypy/remote_partitioner/ && touch build/mypy/remote_partitioner/__init__.py
+	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
+		-p remote_partitioner.server -p remote_partitioner.client \
+		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors
 
 test: venv check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests

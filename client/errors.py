@@ -21,11 +21,14 @@ class RemotePartitionerError(Exception):
         code: grpc.StatusCode = grpc.StatusCode.UNKNOWN,
         reason: str = "",
         metadata: dict[str, str] | None = None,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.metadata = dict(metadata or {})
+        #: Seconds the server asked the client to wait before retrying (``RetryInfo``).
+        self.retry_delay = retry_delay
 
 
 class PartitionerNotFoundError(RemotePartitionerError, KeyError):
@@ -85,6 +88,7 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
     code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (e.details() if isinstance(e, grpc.Call) else None) or str(e)
     reason, metadata = "", dict[str, str]()
+    retry_delay: float | None = None
     try:
         status = rpc_status.from_call(e) if isinstance(e, grpc.Call) else None
     except ValueError:  # a status detail that does not match the call's code
@@ -96,6 +100,10 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
                 any_detail.Unpack(info)
                 if info.domain == errors.DOMAIN:
                     reason, metadata = info.reason, dict(info.metadata)
+            elif any_detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                any_detail.Unpack(retry)
+                retry_delay = retry.retry_delay.ToTimedelta().total_seconds()
     if reason == errors.Reason.PARTITIONER_RAISED:
         return remote_exception(
             metadata.get(errors.EXCEPTION_TYPE, "Exception"),
@@ -109,4 +117,4 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
         cls = InvalidSpecError
     elif reason == errors.Reason.FINGERPRINT_MISMATCH:
         cls = FingerprintMismatchError
-    return cls(f"{code.name}: {details}", code, reason, metadata)
+    return cls(f"{code.name}: {details}", code, reason, metadata, retry_delay)

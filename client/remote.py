@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
 from typing import Any
@@ -37,6 +38,8 @@ DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_metadata_size", 1 << 20),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
 ]
 _HOOK_NAMES = {
     pb.HOOK_PARTITION: "partition",
@@ -100,6 +103,8 @@ class RemotePartitioner(Partitioner):
         options: extra channel options.
         check_versions: refuse a server whose torch or ExecuTorch version differs from ours.
         token: a bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
+        max_retries: how many times a call refused with a ``RetryInfo`` (server overloaded)
+            is retried after the delay the server asks for.
     """
 
     def __init__(
@@ -114,12 +119,14 @@ class RemotePartitioner(Partitioner):
         options: Sequence[tuple[str, Any]] = (),
         check_versions: bool = True,
         token: str | None = None,
+        max_retries: int = 5,
     ) -> None:
         super().__init__(dict(spec or {}))
         self.target = target
         self.partitioner_name = partitioner
         self.timeout = timeout
         self.check_versions = check_versions
+        self.max_retries = max_retries
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -270,15 +277,20 @@ class RemotePartitioner(Partitioner):
             ) from e
         digests = encoded.digests()
         graphs = {d.hash for d in codec.graph_digests(encoded.message)}
-        for attempt in (0, 1):
+        uploads, waits = 0, 0
+        while True:
             self._upload(encoded.blobs, digests, graphs)
+            uploads += 1
             try:
                 return self._rpc(method, make(encoded.message)), encoded
             except RemotePartitionerError as e:
-                if attempt == 0 and e.reason == errors.Reason.BLOB_MISSING:
+                if e.reason == errors.Reason.BLOB_MISSING and uploads < 2:
+                    continue  # evicted between upload and call: upload again, once
+                if e.retry_delay is not None and waits < self.max_retries:
+                    waits += 1  # the server is busy and said when to come back
+                    time.sleep(min(e.retry_delay, 30.0))
                     continue
                 raise
-        raise AssertionError("unreachable")
 
     def _read_blob(self, digest: pb.Digest) -> bytes:
         parts = []

@@ -362,7 +362,7 @@ def decode_meta_value(value: pb.MetaValue) -> Any:
 # Encoding
 
 
-def _dialect_of(ep: ExportedProgram) -> int:
+def _dialect_of(ep: ExportedProgram) -> pb.Dialect:
     dialects = {v.dialect for v in ep.verifiers}
     if "EDGE" in dialects:
         return pb.DIALECT_EDGE
@@ -435,7 +435,7 @@ class _Encoder:
         return msg
 
 
-def _metadata_serializer(ep: ExportedProgram, dialect: int) -> Any:
+def _metadata_serializer(ep: ExportedProgram, dialect: pb.Dialect) -> Any:
     if dialect == pb.DIALECT_EDGE:
         from executorch.exir.serde import serialize as eser
 
@@ -445,7 +445,7 @@ def _metadata_serializer(ep: ExportedProgram, dialect: int) -> Any:
     return tser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
 
 
-def _node_metadata(ep: ExportedProgram, dialect: int) -> Iterator[pb.NodeMetadata]:
+def _node_metadata(ep: ExportedProgram, dialect: pb.Dialect) -> Iterator[pb.NodeMetadata]:
     """What the graph JSON drops: the metadata of nodes it holds no metadata for (placeholder,
     get_attr, output and getitem nodes), the presence and shape of ``tensor_meta``, and a
     ``val`` that is a list."""
@@ -731,12 +731,105 @@ class _Decoder:
         return ep
 
 
+# Python functions a graph may call besides registered operators: the symbolic-size arithmetic
+# that torch.export records (operator.*, math.*, torch.sym_*) and ExecuTorch's memory ops.
+_SAFE_FUNCTIONS = frozenset(
+    [f"_operator.{n}" for n in (
+        "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "pos",
+        "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_", "abs",
+    )]
+    + [f"math.{n}" for n in ("ceil", "floor", "trunc", "sqrt")]
+    + [f"torch.{n}" for n in (
+        "sym_float", "sym_int", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt",
+        "sym_sum", "_sym_sqrt", "sym_constrain_range", "sym_constrain_range_for_size",
+    )]
+    + ["executorch.exir.memory.view", "memory.alloc"]
+)
+_OP_PREFIXES = {
+    "torch.ops.": 2,
+    "executorch.exir.dialects.edge.ops.": 5,
+    "executorch.exir.dialects.backend.ops.": 5,
+}
+
+
+def check_target(target: str) -> None:
+    """Accept only targets that resolve to registered operators or to the few safe functions
+    above; :class:`ProgramDecodeError` otherwise. Nothing a client sends names code to run.
+
+    Operators: ``torch.ops.<namespace>.<op>.<overload>`` (and ``torch.ops.higher_order.<op>``),
+    and the ExecuTorch edge and backend dialects' ``...ops.<namespace>.<op>.<overload>``.
+    """
+    if target in _SAFE_FUNCTIONS:
+        return
+    for prefix, skip in _OP_PREFIXES.items():
+        if not target.startswith(prefix):
+            continue
+        parts = target.split(".")[skip:]
+        if not 2 <= len(parts) <= 3 or not all(
+            p.isidentifier() and not p.startswith("__") for p in parts
+        ):
+            break
+        if prefix == "torch.ops.":
+            resolved: Any = torch.ops
+        elif "edge" in prefix:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            resolved = exir_ops.edge
+        else:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            resolved = exir_ops.backend
+        try:
+            for p in parts:
+                resolved = getattr(resolved, p)
+        except (AttributeError, RuntimeError):
+            break
+        kinds: tuple[type, ...] = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
+        if isinstance(resolved, kinds) or type(resolved).__name__ in (
+            "EdgeOpOverload", "BackendOpOverload"
+        ):
+            return
+        break
+    raise ProgramDecodeError(
+        f"graph target {target[:200]!r} is not a registered operator: refused"
+    )
+
+
+def _check_targets(value: Any) -> None:
+    """Check the target of every node of the serialized graph, nested graphs included."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "target" in v and "inputs" in v and "outputs" in v:
+                if not isinstance(v["target"], str):
+                    raise ProgramDecodeError("a graph node's target is not a string")
+                check_target(v["target"])
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def _checked_json(raw: bytes) -> Any:
+    """The graph JSON, parsed, with every node target checked."""
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProgramDecodeError(
+            f"the program's graph cannot be deserialized: not JSON: {e}"
+        ) from None
+    if not isinstance(value, dict):
+        raise ProgramDecodeError("the program's graph cannot be deserialized: not a JSON object")
+    _check_targets(value)
+    return value
+
+
 def _deserialize_aten(
     raw: bytes, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
 ) -> ExportedProgram:
     from torch._export.serde import serialize as tser
 
-    serialized = tser._bytes_to_dataclass(tser.ExportedProgram, raw)
+    serialized = tser._dict_to_dataclass(tser.ExportedProgram, _checked_json(raw))
     return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
 
 
@@ -800,7 +893,7 @@ def _deserialize_edge(
                     self._path_stack.pop()
             return super().deserialize_input(inp)
 
-    serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, json.loads(raw))
+    serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, _checked_json(raw))
     original_init = Deserializer.__init__
 
     def init(self: Any) -> None:
@@ -826,11 +919,11 @@ def _compile_spec(cs: pb.CompileSpec) -> Any:
 def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
     """Undo what the serializers change, using the client's fingerprint as the reference."""
     by_graph: dict[str, list[pb.NodeFingerprint]] = {}
-    for f in expected:
-        by_graph.setdefault(f.graph, []).append(f)
+    for entry in expected:
+        by_graph.setdefault(entry.graph, []).append(entry)
     for path, gm in graph_modules(ep.graph_module):
         want = by_graph.get(path, [])
-        names = {f.name: f for f in want}
+        names: dict[str, pb.NodeFingerprint] = {e.name: e for e in want}
         graph = gm.graph
         changed = False
         # Unused getitem nodes the serializer invented.
@@ -995,8 +1088,9 @@ def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
         yield from graph_digests(lm.original_program)
 
 
-def iter_digests(msg: pb.Program) -> Iterator[pb.Digest]:
-    """Every blob digest a Program message names, including nested lowered programs."""
+def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]:
+    """Every blob digest a Program message names, with nested lowered programs' unless
+    ``nested`` is false."""
     yield msg.graph
     for r in (*msg.state_dict, *msg.constants):
         if not r.fake:
@@ -1004,5 +1098,6 @@ def iter_digests(msg: pb.Program) -> Iterator[pb.Digest]:
     for m in msg.module_tensors:
         if not m.tensor.fake:
             yield m.tensor.storage
-    for lm in msg.lowered_modules:
-        yield from iter_digests(lm.original_program)
+    if nested:
+        for lm in msg.lowered_modules:
+            yield from iter_digests(lm.original_program)

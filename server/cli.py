@@ -8,18 +8,99 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health
 
 from remote_partitioner.server.app import DEFAULT_ADDRESS, create_server
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.registry import default_registry
+from remote_partitioner.server.servicer import Limits
+
+logger = logging.getLogger("remote_partitioner.server")
+
+EXIT_USAGE = 2
 
 
-def _serve(args: argparse.Namespace) -> int:
-    registry = default_registry(plugins=not args.no_plugins)
-    server, port = create_server(
-        args.address, registry=registry, blob_store=BlobStore(args.cache_bytes),
-        max_workers=args.threads,
+def _security(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[grpc.ServerCredentials | None, list[grpc.ServerInterceptor]]:
+    """TLS credentials and the token interceptor the flags ask for; refuse what is unsafe."""
+    from remote_partitioner.server.auth import (
+        BearerTokenInterceptor,
+        is_loopback,
+        load_tokens,
+        read_server_credentials,
     )
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.client_ca and not args.tls_cert:
+        parser.error("--client-ca needs --tls-cert and --tls-key")
+    loopback = is_loopback(args.address)
+    if not loopback and not args.tls_cert and not args.token_file and not args.insecure:
+        parser.error(
+            f"refusing to listen on {args.address}, which is not a loopback address, with "
+            "neither TLS (--tls-cert/--tls-key) nor a token (--token-file); pass --insecure to "
+            "do it anyway"
+        )
+    try:
+        credentials = (
+            read_server_credentials(args.tls_cert, args.tls_key, args.client_ca)
+            if args.tls_cert
+            else None
+        )
+        interceptors: list[grpc.ServerInterceptor] = (
+            [BearerTokenInterceptor(load_tokens(args.token_file))] if args.token_file else []
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    if not loopback and not args.token_file and not args.client_ca:
+        logger.warning("anyone who can reach %s can use this server", args.address)
+    if not loopback and not args.tls_cert:
+        logger.warning("serving plaintext on %s", args.address)
+    return credentials, interceptors
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from remote_partitioner.server.observability import (
+        Metrics,
+        ObservabilityInterceptor,
+        configure_logging,
+    )
+
+    credentials, interceptors = _security(args, parser)
+    configure_logging(args.log_level)
+    store = BlobStore(args.cache_bytes)
+    metrics = Metrics(store) if args.metrics_port is not None else None
+    limits = Limits(
+        max_blob_bytes=args.max_blob_bytes,
+        max_program_bytes=args.max_program_bytes,
+        max_nodes=args.max_nodes,
+        max_concurrent_hooks=args.max_concurrent,
+    )
+    registry = default_registry(plugins=not args.no_plugins)
+    # Observability outermost, so that it also counts calls the token check refuses.
+    interceptors = [
+        ObservabilityInterceptor(metrics, known_partitioners=registry.names()), *interceptors
+    ]
+    health_servicer = health.HealthServicer()
+    server, port = create_server(
+        args.address, registry=registry, blob_store=store, limits=limits,
+        max_workers=args.threads, interceptors=interceptors, credentials=credentials,
+        health_servicer=health_servicer,
+    )
+    if metrics is not None:
+        metrics_port = metrics.serve(args.metrics_port, args.metrics_address)
+        logger.warning("metrics on http://%s:%d/metrics", args.metrics_address, metrics_port)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     server.start()
     host = args.address.rsplit(":", 1)[0]
     print(
@@ -27,11 +108,13 @@ def _serve(args: argparse.Namespace) -> int:
         f"on {host}:{port}",
         flush=True,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    # Probes see NOT_SERVING at once; calls in flight get --grace seconds to finish.
+    health_servicer.enter_graceful_shutdown()
+    logger.warning("shutting down: in-flight calls have %.0f s to finish", args.grace)
     server.stop(args.grace).wait()
+    if metrics is not None:
+        metrics.stop()
     return 0
 
 
@@ -47,19 +130,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--cache-bytes", type=int, default=8 << 30,
                        help="blob store bound in bytes, least recently used evicted "
                        "(default 8 GiB)")
-    serve.add_argument("--grace", type=float, default=10.0,
-                       help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+    serve.add_argument("--grace", type=float, default=30.0,
+                       help="seconds in-flight calls get to finish on SIGTERM/SIGINT "
+                       "(default 30)")
     serve.add_argument("--no-plugins", action="store_true",
                        help="host only the built-in partitioners, not entry-point plugins")
-    serve.add_argument("--log-level", default="WARNING", help="Python logging level")
+    security = serve.add_argument_group("security")
+    security.add_argument("--token-file",
+                          help="require 'authorization: Bearer <token>' with a token from this "
+                          "file (one per line, # comments); health and reflection stay open")
+    security.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    security.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    security.add_argument("--client-ca",
+                          help="PEM CA: require client certificates signed by it (mutual TLS)")
+    security.add_argument("--insecure", action="store_true",
+                          help="allow a non-loopback address with neither TLS nor a token")
+    limits = serve.add_argument_group("limits")
+    defaults = Limits()
+    limits.add_argument("--max-blob-bytes", type=int, default=defaults.max_blob_bytes,
+                        help="largest blob accepted")
+    limits.add_argument("--max-program-bytes", type=int, default=defaults.max_program_bytes,
+                        help="largest program (all its blobs)")
+    limits.add_argument("--max-nodes", type=int, default=defaults.max_nodes,
+                        help="most nodes in one program")
+    limits.add_argument("--max-concurrent", type=int, default=defaults.max_concurrent_hooks,
+                        help="hook calls admitted at once; beyond, RESOURCE_EXHAUSTED with "
+                        "RetryInfo")
+    ops = serve.add_argument_group("observability")
+    ops.add_argument("--metrics-port", type=int, default=None,
+                     help="serve Prometheus metrics on this port (0 = any; default: off)")
+    ops.add_argument("--metrics-address", default="127.0.0.1",
+                     help="address of the metrics endpoint (default 127.0.0.1)")
+    ops.add_argument("--log-level", default="WARNING",
+                     help="Python logging level; INFO logs one line per call (default WARNING)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args, serve)
     parser.error(f"unknown command {args.command}")
-    return 2
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

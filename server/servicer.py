@@ -7,24 +7,21 @@ serving after each.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from typing import NoReturn, TypeVar
 
 import grpc
 import torch
 from executorch.exir.backend.partitioner import Partitioner
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
-from grpc_status import rpc_status
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import (
     BLOB_DIGEST,
-    DOMAIN,
     EXCEPTION_MESSAGE,
     EXCEPTION_TRACEBACK,
     EXCEPTION_TYPE,
@@ -41,9 +38,11 @@ from remote_partitioner.server.registry import (
     Registry,
     UnknownPartitionerError,
 )
+from remote_partitioner.server.status import abort, bad_request, retry_info
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R")
+_MAX_WAIT = 7 * 24 * 3600.0
 
 READ_CHUNK_BYTES = 1 << 20
 _SPEC_TYPES = {
@@ -73,21 +72,28 @@ def server_versions() -> pb.ServerVersions:
     )
 
 
-def abort(
-    context: grpc.ServicerContext,
-    code: grpc.StatusCode,
-    reason: Reason,
-    message: str,
-    info: Mapping[str, str] | None = None,
-) -> NoReturn:
-    """End the call with a ``google.rpc.Status`` carrying an ``ErrorInfo``."""
-    detail = any_pb2.Any()
-    detail.Pack(error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN, metadata=info))
-    status = status_pb2.Status(
-        code=getattr(code_pb2, code.name), message=message, details=[detail]
-    )
-    context.abort_with_status(rpc_status.to_status(status))
-    raise AssertionError("abort_with_status returned")  # pragma: no cover
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask of the server. Past a bound, a call ends with
+    RESOURCE_EXHAUSTED (reason ``LIMIT_EXCEEDED``, with a ``BadRequest`` naming the field);
+    past ``max_concurrent_hooks`` calls at once, with reason ``OVERLOADED`` and a
+    ``RetryInfo``. Declared sizes are checked before anything is allocated for them."""
+
+    #: Largest blob, in bytes.
+    max_blob_bytes: int = 4 << 30
+    #: Largest graph JSON blob of one program, in bytes.
+    max_graph_bytes: int = 1 << 30
+    #: Largest program: the bytes of all the blobs it names, nested programs included.
+    max_program_bytes: int = 64 << 30
+    #: Most nodes in one program, over all its graphs.
+    max_nodes: int = 2_000_000
+    #: Most digests in one FindMissingBlobs or ReadBlobs request.
+    max_digests: int = 1_000_000
+    #: Most hook calls (Partition, OpsToNotDecompose, TransformForPreDecomposition) admitted
+    #: at once by one server process; they run one at a time, the others wait.
+    max_concurrent_hooks: int = 16
+    #: The delay RetryInfo suggests to a call refused as OVERLOADED.
+    retry_after_seconds: float = 1.0
 
 
 class DuplicateSpecKey(ValueError):
@@ -139,9 +145,11 @@ def _backend_module(backend_id: str) -> str:
 class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     """Implements ``remote_partitioner.v1.RemotePartitioner`` over a registry and blob store."""
 
-    def __init__(self, registry: Registry, blobs: BlobStore) -> None:
+    def __init__(self, registry: Registry, blobs: BlobStore, limits: Limits | None = None) -> None:
         self.registry = registry
         self.blobs = blobs
+        self.limits = limits or Limits()
+        self._admitted = threading.BoundedSemaphore(self.limits.max_concurrent_hooks)
         # ExecuTorch partitioners and fake tensor modes share process-wide state: hooks run one
         # at a time per process (scale with worker processes).
         self._hook_lock = threading.Lock()
@@ -175,6 +183,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     def FindMissingBlobs(
         self, request: pb.FindMissingBlobsRequest, context: grpc.ServicerContext
     ) -> pb.FindMissingBlobsResponse:
+        self._check_count(context, len(request.digests))
         missing = []
         for d in request.digests:
             self._check_digest(d, context)
@@ -207,7 +216,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                         f"blob {current.hash} ended after {len(buf)} of {current.size_bytes} "
                         "bytes", {BLOB_DIGEST: current.hash},
                     )
-                self._check_digest(d, context)
+                self._check_digest(d, context, "digest")
                 current, buf = pb.Digest(hash=d.hash, size_bytes=d.size_bytes), bytearray()
             if chunk.offset != len(buf):
                 abort(
@@ -236,6 +245,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     def ReadBlobs(
         self, request: pb.ReadBlobsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ReadBlobsResponse]:
+        self._check_count(context, len(request.digests))
         for d in request.digests:
             self._check_digest(d, context)
             data = self.blobs.get(d.hash)
@@ -281,11 +291,51 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
 
     # ------------------------------------------------------------------ helpers
 
-    def _check_digest(self, d: pb.Digest, context: grpc.ServicerContext) -> None:
+    def _check_digest(
+        self, d: pb.Digest, context: grpc.ServicerContext, field: str = "digests"
+    ) -> None:
         try:
             check_digest(d.hash, d.size_bytes)
         except BlobError as e:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_DIGEST, str(e))
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_DIGEST, str(e),
+                  details=[bad_request(field, str(e))])
+        if d.size_bytes > self.limits.max_blob_bytes:
+            self._limit(context, field, f"blob {d.hash} declares {d.size_bytes} bytes",
+                        self.limits.max_blob_bytes)
+
+    def _limit(self, context: grpc.ServicerContext, field: str, what: str, bound: int) -> NoReturn:
+        message = f"{what}, over this server's limit of {bound}"
+        abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.LIMIT_EXCEEDED, message,
+              details=[bad_request(field, message)])
+
+    def _check_count(self, context: grpc.ServicerContext, n: int) -> None:
+        if n > self.limits.max_digests:
+            self._limit(context, "digests", f"{n} digests", self.limits.max_digests)
+
+    def _check_program(self, program: pb.Program, context: grpc.ServicerContext) -> None:
+        """Bound a program by what it declares, before any of it is decoded."""
+        limits = self.limits
+        if program.graph.size_bytes > limits.max_graph_bytes:
+            self._limit(context, "program.graph.size_bytes",
+                        f"the graph declares {program.graph.size_bytes} bytes",
+                        limits.max_graph_bytes)
+        nodes, total = 0, 0
+        seen: set[str] = set()
+        stack = [program]
+        while stack:
+            p = stack.pop()
+            nodes += len(p.fingerprint)
+            for d in codec.iter_digests(p, nested=False):
+                if d.hash not in seen:
+                    seen.add(d.hash)
+                    total += max(d.size_bytes, 0)
+            stack.extend(m.original_program for m in p.lowered_modules)
+        if nodes > limits.max_nodes:
+            self._limit(context, "program.fingerprint", f"the program has {nodes} nodes",
+                        limits.max_nodes)
+        if total > limits.max_program_bytes:
+            self._limit(context, "program", f"the program names {total} bytes of blobs",
+                        limits.max_program_bytes)
 
     def _abort_raised(self, context: grpc.ServicerContext, r: pb.RemoteException) -> NoReturn:
         # The full message and traceback travel once, in the ErrorInfo; the status message
@@ -314,7 +364,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e))
         except InvalidSpecError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e),
-                  {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected})
+                  {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
+                  [bad_request(f"partitioner.spec[{e.key}]", str(e))])
         except Exception as e:  # the partitioner's own constructor refused the spec
             self._abort_raised(context, hooks.remote_exception(e))
 
@@ -324,30 +375,71 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 raise codec.BlobMissing(d)
             return data
 
-        with self._hook_lock:
-            try:
-                ep = codec.decode_program(program, blob)
-            except codec.BlobMissing as e:
-                abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
-                      f"{e}; upload it and call again", {BLOB_DIGEST: e.digest.hash})
-            except codec.FingerprintMismatch as e:
-                abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                      Reason.FINGERPRINT_MISMATCH, str(e))
-            except codec.BlobSizeMismatch as e:
-                abort(context, grpc.StatusCode.DATA_LOSS, Reason.SIZE_MISMATCH, str(e))
-            except codec.ProgramDecodeError as e:
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
-                      f"the program cannot be decoded: {e}")
-            except Exception as e:
-                logger.exception("decoding a program failed")
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
-                      f"the program cannot be decoded: {type(e).__name__}: {e}")
-            try:
-                return hook(partitioner, ep)
-            except hooks.PartitionerRaised as e:
-                self._abort_raised(context, e.remote)
-            except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
-                abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
+        self._check_program(program, context)
+        if not self._admitted.acquire(blocking=False):
+            delay = self.limits.retry_after_seconds
+            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED,
+                  f"{self.limits.max_concurrent_hooks} hook calls are already in progress; "
+                  f"retry in {delay:g} s", details=[retry_info(delay)])
+        try:
+            return self._run_admitted(partitioner, program, context, hook, blob)
+        finally:
+            self._admitted.release()
+
+    def _run_admitted(
+        self,
+        partitioner: Partitioner,
+        program: pb.Program,
+        context: grpc.ServicerContext,
+        hook: Callable[[Partitioner, ExportedProgram], _R],
+        blob: Callable[[pb.Digest], bytes],
+    ) -> _R:
+        remaining = context.time_remaining()
+        # No deadline shows as None or as a remaining time too large for a lock timeout.
+        wait = -1.0 if remaining is None or remaining > _MAX_WAIT else max(remaining, 0.0)
+        if not self._hook_lock.acquire(timeout=wait):
+            abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
+                  "the deadline passed while the call waited for its turn")
+        try:
+            return self._decode_and_call(partitioner, program, context, hook, blob)
+        finally:
+            self._hook_lock.release()
+
+    def _decode_and_call(
+        self,
+        partitioner: Partitioner,
+        program: pb.Program,
+        context: grpc.ServicerContext,
+        hook: Callable[[Partitioner, ExportedProgram], _R],
+        blob: Callable[[pb.Digest], bytes],
+    ) -> _R:
+        try:
+            ep = codec.decode_program(program, blob)
+        except codec.BlobMissing as e:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
+                  f"{e}; upload it and call again", {BLOB_DIGEST: e.digest.hash})
+        except codec.FingerprintMismatch as e:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                  Reason.FINGERPRINT_MISMATCH, str(e))
+        except codec.BlobSizeMismatch as e:
+            abort(context, grpc.StatusCode.DATA_LOSS, Reason.SIZE_MISMATCH, str(e))
+        except codec.ProgramDecodeError as e:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
+                  f"the program cannot be decoded: {e}")
+        except Exception as e:
+            logger.exception("decoding a program failed")
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
+                  f"the program cannot be decoded: {type(e).__name__}: {e}")
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
+                  "the deadline passed before the hook could run")
+        try:
+            return hook(partitioner, ep)
+        except hooks.PartitionerRaised as e:
+            self._abort_raised(context, e.remote)
+        except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
+            abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
 
 
-__all__ = ["RemotePartitionerServicer", "abort", "server_versions", "spec_from_message"]
+__all__ = ["Limits", "RemotePartitionerServicer", "server_versions", "spec_from_message"]

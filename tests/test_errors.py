@@ -395,7 +395,7 @@ def test_bad_spec_through_client(
 @pytest.mark.parametrize(
     "graph, words",
     [
-        (b"this is not JSON {", ("JSONDecodeError",)),
+        (b"this is not JSON {", ("not JSON",)),
         (b"\xff\xfe\x00binary", ()),
         (b'{"hello": "world"}', ("TypeError",)),
         (b"[1, 2, 3]", ()),

@@ -1,0 +1,557 @@
+"""Observability: Prometheus metrics, request ids and one access-log line per call.
+
+Three pieces, none of which changes what a call answers:
+
+- :class:`Metrics` owns a private ``prometheus_client.CollectorRegistry`` (never the global one,
+  so several servers can live in one process) holding the service's metrics, and can expose it
+  over HTTP (:meth:`Metrics.serve`).
+- :class:`ObservabilityInterceptor`, a ``grpc.ServerInterceptor``, wraps every handler (all four
+  kinds) to count calls, time them, sum message sizes, track calls in flight and the blob
+  cache's hits and misses, give each call a request id and log one access line per call.
+- :func:`configure_logging` sets up process logging with the request id in every line.
+
+Request ids. A call's id is the incoming ``x-request-id`` metadata value when it is 1 to 64
+characters of ``[A-Za-z0-9._-]``, else a fresh ``uuid4().hex`` (32 lowercase hex characters).
+The id is sent back as *initial* metadata ``x-request-id`` for every handler kind, before the
+handler runs: initial metadata reaches the client on success and on error alike (also in
+``grpc.RpcError.initial_metadata()``), whereas trailing metadata is replaced by
+``context.abort_with_status``, which the servicer uses for every error. Handlers must therefore
+not call ``context.send_initial_metadata`` themselves (gRPC allows it once per call); a second
+ObservabilityInterceptor nested in the first reuses the outer id and sends nothing. While the
+handler runs, the id is in the context variable :data:`REQUEST_ID`, and :class:`RequestIdFilter`
+copies it to ``record.request_id`` of every log record ("-" outside calls).
+
+Status codes. A call's code is the one gRPC will send: ``context.code()`` when the handler set
+one (``context.abort`` / ``abort_with_status`` set it before raising); else OK when the handler
+returned, UNKNOWN when it raised; a call the client cancelled, or whose deadline passed, while
+the handler ran is CANCELLED or DEADLINE_EXCEEDED.
+
+Labels. ``rpc`` is the method name for ``remote_partitioner.v1.RemotePartitioner`` (e.g.
+``Partition``) and ``service/method`` for any other service on the server (e.g.
+``grpc.health.v1.Health/Check``); only methods the server implements reach the interceptor
+with a handler, so the set is bounded. ``partitioner`` is ``request.partitioner.name`` for the
+hook RPCs (Partition, OpsToNotDecompose, TransformForPreDecomposition) and "" for the others; a
+name that is not 1 to 64 characters of ``[a-z0-9_.-]`` (or, when the interceptor is given
+``known_partitioners``, not one of them) becomes ``other``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server.blobstore import BlobStore
+
+#: The metadata key carrying a call's request id, both ways.
+REQUEST_ID_KEY = "x-request-id"
+#: The logger the access lines go to.
+ACCESS_LOGGER = "remote_partitioner.server.access"
+#: The log format :func:`configure_logging` installs.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+#: Latency buckets in seconds: 1 ms to 10 min.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)
+#: The ``partitioner`` label of names outside the allowed set.
+OTHER = "other"
+
+#: The current call's request id; None outside a call.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "remote_partitioner_request_id", default=None
+)
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["RemotePartitioner"].full_name
+_HOOK_RPCS = frozenset({"Partition", "OpsToNotDecompose", "TransformForPreDecomposition"})
+_FIND_MISSING_BLOBS = "FindMissingBlobs"
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_VALID_PARTITIONER = re.compile(r"[a-z0-9_.-]{1,64}")
+_OWNED_HANDLER = "_remote_partitioner_observability"
+
+
+# ---------------------------------------------------------------------------------- metrics
+
+
+class Metrics:
+    """The service's Prometheus metrics, in a registry of their own.
+
+    Metrics (``rpc``, ``partitioner``, ``code`` and ``result`` are labels):
+
+    - ``remote_partitioner_requests_total{rpc, partitioner, code}``: calls finished.
+    - ``remote_partitioner_request_seconds{rpc, partitioner}``: call latency (histogram,
+      :data:`LATENCY_BUCKETS`).
+    - ``remote_partitioner_received_bytes_total{rpc}`` /
+      ``remote_partitioner_sent_bytes_total{rpc}``: serialized message bytes, summed over the
+      messages of a stream.
+    - ``remote_partitioner_in_flight{rpc}``: calls running.
+    - ``remote_partitioner_blob_cache_total{result}``: ``FindMissingBlobs`` digests the store
+      held (``hit``) or lacked (``miss``).
+    - ``remote_partitioner_blob_store_bytes`` / ``remote_partitioner_blob_store_blobs``: the
+      bound blob store's size, read at scrape time (0 while none is bound).
+
+    Thread-safe. ``registry`` is the ``CollectorRegistry``; scrape it with
+    ``prometheus_client.generate_latest(metrics.registry)`` or over HTTP with :meth:`serve`.
+    """
+
+    def __init__(self, blob_store: BlobStore | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "remote_partitioner_requests", "RPCs finished, by method, partitioner and code.",
+            ["rpc", "partitioner", "code"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "remote_partitioner_request_seconds", "RPC latency in seconds.",
+            ["rpc", "partitioner"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.received_bytes = Counter(
+            "remote_partitioner_received_bytes", "Serialized request message bytes received.",
+            ["rpc"], registry=self.registry,
+        )
+        self.sent_bytes = Counter(
+            "remote_partitioner_sent_bytes", "Serialized response message bytes sent.",
+            ["rpc"], registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "remote_partitioner_in_flight", "RPCs running.", ["rpc"], registry=self.registry,
+        )
+        self.blob_cache = Counter(
+            "remote_partitioner_blob_cache", "FindMissingBlobs digests held (hit) or not (miss).",
+            ["result"], registry=self.registry,
+        )
+        for result in ("hit", "miss"):
+            self.blob_cache.labels(result=result)
+        self.blob_store_bytes = Gauge(
+            "remote_partitioner_blob_store_bytes", "Bytes held by the blob store.",
+            registry=self.registry,
+        )
+        self.blob_store_blobs = Gauge(
+            "remote_partitioner_blob_store_blobs", "Blobs held by the blob store.",
+            registry=self.registry,
+        )
+        self._http: Any = None
+        self._http_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        if blob_store is not None:
+            self.bind_blob_store(blob_store)
+
+    def bind_blob_store(self, store: BlobStore) -> None:
+        """Report ``store``'s bytes and blob count (replacing any store bound before)."""
+        self.blob_store_bytes.set_function(lambda: float(store.nbytes))
+        self.blob_store_blobs.set_function(lambda: float(len(store)))
+
+    def observe_call(
+        self, rpc: str, partitioner: str, code: grpc.StatusCode, seconds: float,
+        received: int, sent: int,
+    ) -> None:
+        """Record one finished call."""
+        self.requests.labels(rpc=rpc, partitioner=partitioner, code=code.name).inc()
+        self.latency.labels(rpc=rpc, partitioner=partitioner).observe(seconds)
+        self.received_bytes.labels(rpc=rpc).inc(received)
+        self.sent_bytes.labels(rpc=rpc).inc(sent)
+
+    def observe_cache(self, hits: int, misses: int) -> None:
+        """Record one ``FindMissingBlobs`` answer: ``hits`` digests held, ``misses`` not."""
+        self.blob_cache.labels(result="hit").inc(hits)
+        self.blob_cache.labels(result="miss").inc(misses)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve the registry as Prometheus text at ``http://addr:port/metrics`` (any path
+        answers) from a daemon thread; port 0 picks a free port. Returns the bound port.
+
+        Raises:
+            RuntimeError: already serving.
+            OSError: the address cannot be bound.
+        """
+        with self._lock:
+            if self._http is not None:
+                raise RuntimeError("metrics are already being served")
+            # prometheus-client >= 0.20 returns the server and its thread.
+            httpd, thread = start_http_server(port, addr=addr, registry=self.registry)
+            self._http, self._http_thread = httpd, thread
+            return int(httpd.server_port)
+
+    def stop(self) -> None:
+        """Stop serving (no-op when not serving); returns once the socket is closed."""
+        with self._lock:
+            httpd, thread = self._http, self._http_thread
+            self._http, self._http_thread = None, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------- logging
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` to the current call's id ("-" outside calls), unless the
+    record already has one (e.g. from ``extra=``). Never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = REQUEST_ID.get() or "-"
+        return True
+
+
+def _level(level: str) -> int:
+    value = logging.getLevelName(level.strip().upper())
+    if isinstance(value, int):
+        return value
+    if level.strip().isdigit():
+        return int(level.strip())
+    raise ValueError(f"unknown log level {level!r}")
+
+
+def configure_logging(level: str = "WARNING", *, stream: TextIO | None = None) -> None:
+    """Log to ``stream`` (stderr) at ``level`` with :data:`LOG_FORMAT` (which shows the request
+    id), like ``logging.basicConfig``.
+
+    Installs one handler on the root logger, carrying a :class:`RequestIdFilter`, replacing the
+    one a previous call installed (other handlers are left alone), and sets the root level. The
+    access logger (:data:`ACCESS_LOGGER`) is set to ``max(level, INFO)``: its INFO lines show
+    only when ``level`` is INFO or lower.
+
+    Raises:
+        ValueError: ``level`` is not a logging level name or number.
+    """
+    numeric = _level(level)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, _OWNED_HANDLER, False):
+            root.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RequestIdFilter())
+    setattr(handler, _OWNED_HANDLER, True)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    logging.getLogger(ACCESS_LOGGER).setLevel(max(numeric, logging.INFO))
+
+
+# ---------------------------------------------------------------------------------- interceptor
+
+
+def request_id_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The first valid incoming ``x-request-id`` value, else a fresh ``uuid4().hex``."""
+    for key, value in metadata or ():
+        if key.lower() == REQUEST_ID_KEY and isinstance(value, str):
+            if _VALID_REQUEST_ID.fullmatch(value):
+                return value
+            break
+    return uuid.uuid4().hex
+
+
+def _rpc_label(method: str) -> tuple[str, bool]:
+    """``/pkg.Service/Method`` -> (label, whether it is one of our hook RPCs)."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    if service == _SERVICE:
+        return name, name in _HOOK_RPCS
+    return f"{service}/{name}" if service else name, False
+
+
+def _size(message: Any) -> int:
+    """Serialized size of a message (raw bytes when a handler has no deserializer)."""
+    byte_size = getattr(message, "ByteSize", None)
+    if byte_size is not None:
+        return int(byte_size())
+    if isinstance(message, (bytes, bytearray, memoryview)):
+        return len(message)
+    return 0
+
+
+@dataclass
+class _Call:
+    """One call's bookkeeping."""
+
+    rpc: str
+    hook: bool
+    request_id: str = ""
+    partitioner: str = ""
+    received: int = 0
+    sent: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    announce: bool = True
+
+
+def _final_code(context: grpc.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
+    """The status gRPC sends for a call whose handler ended with ``error`` (None: returned)."""
+    code_of = getattr(context, "code", None)
+    code = code_of() if callable(code_of) else None
+    if isinstance(code, grpc.StatusCode) and not (error is not None and
+                                                  code is grpc.StatusCode.OK):
+        return code
+    if not context.is_active() or isinstance(error, GeneratorExit):
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+
+
+class ObservabilityInterceptor(grpc.ServerInterceptor):
+    """Metrics, request ids and access logging for every call (see the module docstring).
+
+    Args:
+        metrics: where to record; None records nothing (ids and access lines only).
+        logger: the access logger (default ``logging.getLogger(ACCESS_LOGGER)``); one INFO line
+            per call: ``rpc=<rpc> partitioner=<name or -> code=<CODE> ms=<ms> in=<bytes>
+            out=<bytes> request_id=<id>``.
+        known_partitioners: when given, the ``partitioner`` label of any other name is
+            ``other`` (bounds label cardinality against clients sending arbitrary names).
+
+    Put it first in the server's interceptor list so that it also sees calls that later
+    interceptors (e.g. authentication) reject. It never changes a call's outcome.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics | None,
+        logger: logging.Logger | None = None,
+        *,
+        known_partitioners: Collection[str] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.logger = logger if logger is not None else logging.getLogger(ACCESS_LOGGER)
+        self.known_partitioners = (
+            frozenset(known_partitioners) if known_partitioners is not None else None
+        )
+
+    # -- plumbing
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        rpc, hook = _rpc_label(handler_call_details.method)
+        deserializer = handler.request_deserializer
+        serializer = handler.response_serializer
+        if handler.request_streaming and handler.response_streaming:
+            if handler.stream_stream is None:
+                return handler
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream_stream(rpc, hook, handler.stream_stream),
+                request_deserializer=deserializer, response_serializer=serializer,
+            )
+        if handler.request_streaming:
+            if handler.stream_unary is None:
+                return handler
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_stream_unary(rpc, hook, handler.stream_unary),
+                request_deserializer=deserializer, response_serializer=serializer,
+            )
+        if handler.response_streaming:
+            if handler.unary_stream is None:
+                return handler
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_unary_stream(rpc, hook, handler.unary_stream),
+                request_deserializer=deserializer, response_serializer=serializer,
+            )
+        if handler.unary_unary is None:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            self._wrap_unary_unary(rpc, hook, handler.unary_unary),
+            request_deserializer=deserializer, response_serializer=serializer,
+        )
+
+    def partitioner_label(self, name: str) -> str:
+        """The ``partitioner`` label for a requested partitioner name."""
+        if not _VALID_PARTITIONER.fullmatch(name):
+            return OTHER
+        if self.known_partitioners is not None and name not in self.known_partitioners:
+            return OTHER
+        return name
+
+    def _begin(self, call: _Call, context: grpc.ServicerContext) -> None:
+        """Count the call in flight and settle its request id (raises nothing). Inside another
+        ObservabilityInterceptor (one already bound REQUEST_ID), reuse its id and send none."""
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(rpc=call.rpc).inc()
+        outer = REQUEST_ID.get()
+        call.announce = outer is None
+        call.request_id = outer or request_id_from_metadata(context.invocation_metadata())
+
+    def _announce(self, call: _Call, context: grpc.ServicerContext) -> None:
+        """Send the request id as initial metadata (raises ``grpc.RpcError`` when the client
+        has already cancelled the call)."""
+        if call.announce:
+            context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
+
+    def _note_request(self, call: _Call, request: Any) -> None:
+        call.received += _size(request)
+        if call.hook:
+            ref = getattr(request, "partitioner", None)
+            call.partitioner = self.partitioner_label(str(getattr(ref, "name", "")))
+
+    def _note_response(self, call: _Call, request: Any, response: Any) -> None:
+        call.sent += _size(response)
+        if call.rpc == _FIND_MISSING_BLOBS and self.metrics is not None:
+            digests = getattr(request, "digests", None)
+            missing = getattr(response, "missing_digests", None)
+            if digests is not None and missing is not None:
+                self.metrics.observe_cache(len(digests) - len(missing), len(missing))
+
+    def _finish(
+        self, call: _Call, context: grpc.ServicerContext, error: BaseException | None
+    ) -> None:
+        seconds = time.perf_counter() - call.start
+        code = _final_code(context, error)
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(rpc=call.rpc).dec()
+            self.metrics.observe_call(
+                call.rpc, call.partitioner, code, seconds, call.received, call.sent
+            )
+        self.logger.info(
+            "rpc=%s partitioner=%s code=%s ms=%.1f in=%d out=%d request_id=%s",
+            call.rpc, call.partitioner or "-", code.name, seconds * 1000.0, call.received,
+            call.sent, call.request_id, extra={"request_id": call.request_id},
+        )
+
+    # -- the four handler kinds
+
+    def _wrap_unary_unary(
+        self, rpc: str, hook: bool, behavior: Callable[[Any, grpc.ServicerContext], Any]
+    ) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+            call = _Call(rpc, hook)
+            self._begin(call, context)
+            token = REQUEST_ID.set(call.request_id)
+            error: BaseException | None = None
+            try:
+                self._note_request(call, request)
+                self._announce(call, context)
+                response = behavior(request, context)
+                self._note_response(call, request, response)
+                return response
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                REQUEST_ID.reset(token)
+                self._finish(call, context, error)
+
+        return wrapped
+
+    def _wrap_stream_unary(
+        self, rpc: str, hook: bool,
+        behavior: Callable[[Iterator[Any], grpc.ServicerContext], Any],
+    ) -> Callable[[Iterator[Any], grpc.ServicerContext], Any]:
+        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            call = _Call(rpc, hook)
+            self._begin(call, context)
+            token = REQUEST_ID.set(call.request_id)
+            error: BaseException | None = None
+            try:
+                self._announce(call, context)
+                response = behavior(self._counted(call, requests), context)
+                self._note_response(call, None, response)
+                return response
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                REQUEST_ID.reset(token)
+                self._finish(call, context, error)
+
+        return wrapped
+
+    def _wrap_unary_stream(
+        self, rpc: str, hook: bool,
+        behavior: Callable[[Any, grpc.ServicerContext], Iterable[Any]],
+    ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            call = _Call(rpc, hook)
+            self._note_request(call, request)
+            return self._stream_out(call, context, lambda: behavior(request, context))
+
+        return wrapped
+
+    def _wrap_stream_stream(
+        self, rpc: str, hook: bool,
+        behavior: Callable[[Iterator[Any], grpc.ServicerContext], Iterable[Any]],
+    ) -> Callable[[Iterator[Any], grpc.ServicerContext], Iterator[Any]]:
+        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            call = _Call(rpc, hook)
+            return self._stream_out(
+                call, context, lambda: behavior(self._counted(call, requests), context)
+            )
+
+        return wrapped
+
+    def _counted(self, call: _Call, requests: Iterator[Any]) -> Iterator[Any]:
+        for request in requests:
+            self._note_request(call, request)
+            yield request
+
+    def _stream_out(
+        self, call: _Call, context: grpc.ServicerContext, start: Callable[[], Iterable[Any]]
+    ) -> Iterator[Any]:
+        """Run a response-streaming handler lazily (gRPC iterates the result at once, in one
+        thread). The request id is bound around each step of the handler, never across a
+        ``yield``, so it does not leak into whatever runs between steps."""
+        call.start = time.perf_counter()
+        self._begin(call, context)
+        error: BaseException | None = None
+        responses: Iterator[Any] | None = None
+        try:
+            token = REQUEST_ID.set(call.request_id)
+            try:
+                self._announce(call, context)
+                responses = iter(start())
+            finally:
+                REQUEST_ID.reset(token)
+            while True:
+                token = REQUEST_ID.set(call.request_id)
+                try:
+                    response = next(responses)
+                except StopIteration:
+                    return
+                finally:
+                    REQUEST_ID.reset(token)
+                call.sent += _size(response)
+                yield response
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            close = getattr(responses, "close", None)
+            if error is not None and callable(close):
+                token = REQUEST_ID.set(call.request_id)
+                try:
+                    close()
+                except Exception:  # the handler's own cleanup failed; the call is over
+                    self.logger.debug("closing a response stream failed", exc_info=True)
+                finally:
+                    REQUEST_ID.reset(token)
+            self._finish(call, context, error)
+
+
+__all__ = [
+    "ACCESS_LOGGER",
+    "LATENCY_BUCKETS",
+    "LOG_FORMAT",
+    "REQUEST_ID",
+    "REQUEST_ID_KEY",
+    "Metrics",
+    "ObservabilityInterceptor",
+    "RequestIdFilter",
+    "configure_logging",
+    "request_id_from_metadata",
+]

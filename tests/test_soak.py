@@ -1,0 +1,392 @@
+"""Soak and shutdown, against real server processes.
+
+* Soak: 8 client threads, one ``RemotePartitioner`` each, make 1,000 ``partition()`` calls in
+  all on a few small Edge programs (each call on a fresh ``get_fake_program``, as ``to_backend``
+  passes it) against the session's server process. No call may fail, every call's tags and
+  partition tags must equal the local ``XnnpackPartitioner``'s for that program, and the server's
+  resident memory may grow less than 10% between the end of a 100-call warm-up and the end.
+* Shutdown: a server started with ``--grace 30`` gets SIGTERM while a slow-ish Partition call
+  (mobilenet_v1_025) is running on it: that call completes with the right tags, a new call is
+  refused with UNAVAILABLE, and the process exits 0 within the grace period.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge
+from executorch.exir.backend.partitioner import PartitionResult
+from executorch.exir.program._fake_program import get_fake_program
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from torch.export import ExportedProgram
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+THREADS = 8
+CALLS = 1_000
+WARMUP_CALLS = 100
+MAX_RSS_GROWTH = 0.10
+WALL_CLOCK_CAP_S = 15 * 60
+GRACE_S = 30
+STARTUP_S = 180
+
+#: What a partition call answers, comparably: node name -> tag, and tag -> (backend id,
+#: compile specs as (key, bytes)) in the partitioner's order.
+Answer = tuple[dict[str, str], list[tuple[str, str, tuple[tuple[str, bytes], ...]]]]
+
+
+def answer_of(result: PartitionResult) -> Answer:
+    tags = {
+        n.name: n.meta["delegation_tag"]
+        for n in result.tagged_exported_program.graph.nodes
+        if "delegation_tag" in n.meta
+    }
+    specs = [
+        (tag, spec.backend_id, tuple((cs.key, bytes(cs.value)) for cs in spec.compile_specs))
+        for tag, spec in result.partition_tags.items()
+    ]
+    return tags, specs
+
+
+# --------------------------------------------------------------------------------------------
+# Small programs
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)) * 2.0
+
+
+class _AddMul(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x + y) * y - x
+
+
+def _small_programs() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    models: dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]] = {
+        "linear": (torch.nn.Linear(4, 4), (torch.randn(2, 4),)),
+        "mlp": (_Mlp(), (torch.randn(3, 8),)),
+        "conv": (_Conv(), (torch.randn(1, 3, 8, 8),)),
+        "add-mul": (_AddMul(), (torch.randn(2, 5), torch.randn(2, 5))),
+    }
+    return {
+        name: to_edge(torch.export.export(model.eval(), inputs, strict=True)).exported_program()
+        for name, (model, inputs) in models.items()
+    }
+
+
+@dataclasses.dataclass
+class Workload:
+    """The programs a soak cycles through, and the local partitioner's answer on each."""
+
+    programs: dict[str, ExportedProgram]
+    expected: dict[str, Answer]
+
+
+@pytest.fixture(scope="module")
+def workload() -> Workload:
+    programs = _small_programs()
+    expected = {
+        name: answer_of(XnnpackPartitioner().partition(get_fake_program(ep)))
+        for name, ep in programs.items()
+    }
+    for name, (tags, specs) in expected.items():
+        assert tags and specs, f"XNNPACK delegates nothing of {name}: a useless soak program"
+    return Workload(programs, expected)
+
+
+# --------------------------------------------------------------------------------------------
+# Server processes
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size (VmRSS of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            value, unit = line.split()[1:3]
+            assert unit == "kB", line
+            return int(value) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the ")" closing the command name: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_serving(target: str, deadline: float) -> None:
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"server at {target} did not report SERVING in time")
+
+
+@pytest.fixture()
+def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """``remote-partitioner serve --grace 30`` in its own process: (process, target, log)."""
+    log_path = tmp_path / "server.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+             "--address", "127.0.0.1:0", "--grace", str(GRACE_S)],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
+        assert match is not None, f"server did not start: {line!r}\n{log_path.read_text()[-4000:]}"
+        target = match.group(1)
+        wait_serving(target, time.monotonic() + STARTUP_S)
+        yield proc, target, log_path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Soak
+
+
+@dataclasses.dataclass
+class SoakRun:
+    """Shared state of the soak's worker threads."""
+
+    workload: Workload
+    deadline: float
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    issued: int = 0
+    done: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+    mismatches: list[str] = dataclasses.field(default_factory=list)
+
+    def take(self, limit: int) -> int | None:
+        """The next call's number, or None when ``limit`` calls are issued or time is up."""
+        with self.lock:
+            if self.issued >= limit or time.monotonic() > self.deadline:
+                return None
+            self.issued += 1
+            return self.issued - 1
+
+    def work(self, partitioner: RemotePartitioner, limit: int) -> None:
+        names = sorted(self.workload.programs)
+        while (i := self.take(limit)) is not None:
+            name = names[i % len(names)]
+            try:
+                result = partitioner.partition(get_fake_program(self.workload.programs[name]))
+                got = answer_of(result)
+            except Exception as e:  # every failure is counted and reported
+                with self.lock:
+                    self.errors.append(f"call {i} ({name}): {type(e).__name__}: {e}")
+                continue
+            with self.lock:
+                self.done += 1
+                if got != self.workload.expected[name]:
+                    self.mismatches.append(
+                        f"call {i} ({name}): got {got}, expected {self.workload.expected[name]}"
+                    )
+
+
+def run_phase(run: SoakRun, partitioners: list[RemotePartitioner], limit: int) -> None:
+    """Run calls on THREADS threads (thread k uses partitioners[k]) until ``limit`` in all."""
+    threads = [
+        threading.Thread(target=run.work, args=(p, limit), name=f"soak-{k}", daemon=True)
+        for k, p in enumerate(partitioners)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(run.deadline - time.monotonic(), 0) + 60)
+    assert not any(t.is_alive() for t in threads), "a soak thread is stuck in a call"
+
+
+@pytest.mark.timeout(WALL_CLOCK_CAP_S + 300)
+def test_soak_partition(
+    server_process: tuple[subprocess.Popen[str], str],
+    server_address: str,
+    workload: Workload,
+    record_property: Callable[[str, Any], None],
+) -> None:
+    pid = server_process[0].pid
+    start = time.monotonic()
+    run = SoakRun(workload, deadline=start + WALL_CLOCK_CAP_S)
+    partitioners = [RemotePartitioner(server_address, "xnnpack") for _ in range(THREADS)]
+    try:
+        run_phase(run, partitioners, WARMUP_CALLS)
+        warm = time.monotonic()
+        rss_warm = rss_bytes(pid)
+        run_phase(run, partitioners, CALLS)
+        end = time.monotonic()
+        rss_end = rss_bytes(pid)
+    finally:
+        for p in partitioners:
+            p.close()
+    growth = rss_end / rss_warm - 1
+    summary = (
+        f"{run.done} calls in {end - start:.1f} s ({CALLS - WARMUP_CALLS} after warm-up in "
+        f"{end - warm:.1f} s, {(end - warm) / max(CALLS - WARMUP_CALLS, 1) * 1000:.0f} ms/call); "
+        f"server RSS {rss_warm / 2**20:.0f} MiB after warm-up, {rss_end / 2**20:.0f} MiB at the "
+        f"end ({growth:+.1%})"
+    )
+    print(summary)
+    record_property("soak", summary)
+    assert not run.errors, f"{len(run.errors)} calls failed:\n" + "\n".join(run.errors[:20])
+    assert not run.mismatches, "\n".join(run.mismatches[:20])
+    assert run.done == CALLS, f"only {run.done} of {CALLS} calls within {WALL_CLOCK_CAP_S} s"
+    assert end - start <= WALL_CLOCK_CAP_S, summary
+    assert growth < MAX_RSS_GROWTH, summary
+    assert server_process[0].poll() is None, "the server process died"
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Shutdown with a call in flight
+
+
+@pytest.fixture(scope="module")
+def mobilenet() -> tuple[ExportedProgram, Answer]:
+    """mobilenet_v1_025 as an Edge program, and the local XNNPACK partitioner's answer on it."""
+    from executorch.examples.models import MODEL_NAME_TO_MODEL
+    from executorch.examples.models.model_factory import EagerModelFactory
+
+    torch.manual_seed(0)
+    model, inputs, kwargs, dynamic_shapes = EagerModelFactory.create_model(
+        *MODEL_NAME_TO_MODEL["mobilenet_v1_025"]
+    )
+    ep = torch.export.export(
+        model.eval(), inputs, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=True
+    )
+    edge = to_edge(ep).exported_program()
+    return edge, answer_of(XnnpackPartitioner().partition(get_fake_program(edge)))
+
+
+@pytest.mark.timeout(600)
+def test_shutdown_finishes_the_call_in_flight(
+    graceful_server: tuple[subprocess.Popen[str], str, Path],
+    mobilenet: tuple[ExportedProgram, Answer],
+    record_property: Callable[[str, Any], None],
+) -> None:
+    proc, target, log_path = graceful_server
+    edge, expected = mobilenet
+    partitioner = RemotePartitioner(target, "xnnpack")
+    try:
+        # A first call: uploads the blobs, and shows the call is slow enough to be caught.
+        t0 = time.monotonic()
+        assert answer_of(partitioner.partition(get_fake_program(edge))) == expected
+        first_call_s = time.monotonic() - t0
+        assert first_call_s > 0.5, f"the call took {first_call_s:.2f} s: too fast to catch"
+
+        # The Partition RPC of the second call, marked when the client sends it.
+        stub = partitioner.stub
+        send_partition = stub.Partition
+        sent = threading.Event()
+
+        def partition_rpc(request: pb.PartitionRequest, **kwargs: Any) -> Any:
+            sent.set()
+            return send_partition(request, **kwargs)
+
+        stub.Partition = partition_rpc  # type: ignore[method-assign]
+        outcome: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                outcome["answer"] = answer_of(partitioner.partition(get_fake_program(edge)))
+            except Exception as e:
+                outcome["error"] = e
+            outcome["finished"] = time.monotonic()
+
+        cpu_before = cpu_seconds(proc.pid)
+        caller = threading.Thread(target=call, name="in-flight", daemon=True)
+        caller.start()
+        assert sent.wait(60), "the client never sent the Partition RPC"
+        # In flight: the server is working on it (its CPU time moves), and it has not answered.
+        polled = time.monotonic()
+        while cpu_seconds(proc.pid) - cpu_before < 0.15 and time.monotonic() - polled < 2:
+            time.sleep(0.02)
+        assert caller.is_alive(), "the call finished before SIGTERM could be sent"
+        proc.send_signal(signal.SIGTERM)
+        sigterm = time.monotonic()
+
+        # New calls, on new channels, until one is refused: the first few may still get in
+        # while the signal reaches the server's main thread.
+        new_call, accepted = None, 0
+        while new_call is None and time.monotonic() - sigterm < 5:
+            try:
+                with grpc.insecure_channel(target) as channel:
+                    pb_grpc.RemotePartitionerStub(channel).ListPartitioners(
+                        pb.ListPartitionersRequest(), timeout=5
+                    )
+                accepted += 1
+                time.sleep(0.02)
+            except grpc.RpcError as e:
+                new_call = e
+        refused_after = time.monotonic() - sigterm
+        in_flight_at_new_call = caller.is_alive()
+        assert isinstance(new_call, grpc.Call), "new calls were still accepted 5 s after SIGTERM"
+        assert new_call.code() is grpc.StatusCode.UNAVAILABLE, (new_call.code(),
+                                                                new_call.details())
+
+        caller.join(GRACE_S + 30)
+        assert not caller.is_alive(), "the call in flight never finished"
+        assert "error" not in outcome, f"the call in flight failed: {outcome.get('error')!r}"
+        assert outcome["answer"] == expected
+        assert outcome["finished"] - sigterm < GRACE_S
+        try:
+            returncode = proc.wait(timeout=GRACE_S + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the server did not exit within {GRACE_S} s of SIGTERM")
+        exited = time.monotonic() - sigterm
+        summary = (
+            f"first call {first_call_s:.2f} s; SIGTERM {sigterm - polled:.2f} s after the RPC was "
+            f"seen in flight; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM "
+            f"; a new call {refused_after:.2f} s after SIGTERM ({accepted} accepted before it) "
+            f"was {new_call.code().name}, the call still in flight then: {in_flight_at_new_call}"
+            f"; server exited {returncode} after {exited:.2f} s"
+        )
+        print(summary)
+        record_property("shutdown", summary)
+        assert returncode == 0, f"exit status {returncode}\n{log_path.read_text()[-4000:]}"
+        assert exited <= GRACE_S, summary
+    finally:
+        partitioner.close()
