@@ -57,6 +57,8 @@ __all__ = [
     "ProgramDecodeError",
     "ProgramEncodeError",
     "UnrepresentableMeta",
+    "check_target",
+    "checked_graph_json",
     "decode_meta_value",
     "decode_program",
     "digest_of",
@@ -810,8 +812,10 @@ def _check_targets(value: Any) -> None:
             stack.extend(v)
 
 
-def _checked_json(raw: bytes) -> Any:
-    """The graph JSON, parsed, with every node target checked."""
+def checked_graph_json(raw: bytes) -> Any:
+    """The export schema's JSON (bytes), parsed, with every node target checked by
+    :func:`check_target`; :class:`ProgramDecodeError` if it is not a JSON object or names
+    anything else."""
     try:
         value = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -829,7 +833,7 @@ def _deserialize_aten(
 ) -> ExportedProgram:
     from torch._export.serde import serialize as tser
 
-    serialized = tser._dict_to_dataclass(tser.ExportedProgram, _checked_json(raw))
+    serialized = tser._dict_to_dataclass(tser.ExportedProgram, checked_graph_json(raw))
     return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
 
 
@@ -893,7 +897,9 @@ def _deserialize_edge(
                     self._path_stack.pop()
             return super().deserialize_input(inp)
 
-    serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, _checked_json(raw))
+    serialized = export_serialize._dict_to_dataclass(
+        schema.ExportedProgram, checked_graph_json(raw)
+    )
     original_init = Deserializer.__init__
 
     def init(self: Any) -> None:

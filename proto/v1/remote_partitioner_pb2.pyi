@@ -453,3 +453,69 @@ class TransformForPreDecompositionResponse(_message.Message):
     unchanged: bool
     program: Program
     def __init__(self, unchanged: _Optional[bool] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+
+class LowerRequest(_message.Message):
+    __slots__ = ("archive", "partitioners", "options")
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    archive: Digest
+    partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerRef]
+    options: LowerOptions
+    def __init__(self, archive: _Optional[_Union[Digest, _Mapping]] = ..., partitioners: _Optional[_Iterable[_Union[PartitionerRef, _Mapping]]] = ..., options: _Optional[_Union[LowerOptions, _Mapping]] = ...) -> None: ...
+
+class LowerOptions(_message.Message):
+    __slots__ = ("skip_ir_validity_check", "report_only")
+    SKIP_IR_VALIDITY_CHECK_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    skip_ir_validity_check: bool
+    report_only: bool
+    def __init__(self, skip_ir_validity_check: _Optional[bool] = ..., report_only: _Optional[bool] = ...) -> None: ...
+
+class BackendDelegation(_message.Message):
+    __slots__ = ("backend_id", "partitions", "nodes")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    partitions: int
+    nodes: int
+    def __init__(self, backend_id: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[int] = ...) -> None: ...
+
+class OperatorCount(_message.Message):
+    __slots__ = ("op", "count")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    count: int
+    def __init__(self, op: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class MethodReport(_message.Message):
+    __slots__ = ("method", "total_nodes", "delegated", "cpu_ops")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NODES_FIELD_NUMBER: _ClassVar[int]
+    DELEGATED_FIELD_NUMBER: _ClassVar[int]
+    CPU_OPS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    total_nodes: int
+    delegated: _containers.RepeatedCompositeFieldContainer[BackendDelegation]
+    cpu_ops: _containers.RepeatedCompositeFieldContainer[OperatorCount]
+    def __init__(self, method: _Optional[str] = ..., total_nodes: _Optional[int] = ..., delegated: _Optional[_Iterable[_Union[BackendDelegation, _Mapping]]] = ..., cpu_ops: _Optional[_Iterable[_Union[OperatorCount, _Mapping]]] = ...) -> None: ...
+
+class DelegationReport(_message.Message):
+    __slots__ = ("methods",)
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    methods: _containers.RepeatedCompositeFieldContainer[MethodReport]
+    def __init__(self, methods: _Optional[_Iterable[_Union[MethodReport, _Mapping]]] = ...) -> None: ...
+
+class LowerResponse(_message.Message):
+    __slots__ = ("report", "pte", "offset", "data")
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    PTE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    report: DelegationReport
+    pte: Digest
+    offset: int
+    data: bytes
+    def __init__(self, report: _Optional[_Union[DelegationReport, _Mapping]] = ..., pte: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -70,6 +70,11 @@ class RemotePartitionerStub:
                 request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionRequest.SerializeToString,
                 response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionResponse.FromString,
                 _registered_method=True)
+        self.Lower = channel.unary_stream(
+                '/remote_partitioner.v1.RemotePartitioner/Lower',
+                request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.SerializeToString,
+                response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.FromString,
+                _registered_method=True)
 
 
 class RemotePartitionerServicer:
@@ -176,6 +181,28 @@ class RemotePartitionerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lower(self, request, context):
+        """Lowers a PT2 archive (`torch.export.save`) on the server: `to_edge_transform_and_lower`
+        with the given partitioners, then `to_executorch`. The first response message carries the
+        delegation report and the `.pte`'s digest; the `.pte` follows in chunks (none when
+        `report_only`). The archive is read without unpickling anything: an archive whose weights,
+        constants or custom objects are pickled is refused.
+
+        Status codes:
+        * OK: the report, then the `.pte` in order.
+        * NOT_FOUND: a partitioner is not hosted (reason `UNKNOWN_PARTITIONER`).
+        * INVALID_ARGUMENT: an invalid spec (reason `INVALID_SPEC`), an archive that cannot be read
+        or needs unpickling (reason `INVALID_PROGRAM`), no partitioner given, or lowering raised
+        (reason `PARTITIONER_RAISED`).
+        * FAILED_PRECONDITION: the archive blob is missing (reason `BLOB_MISSING`).
+        * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason
+        `OVERLOADED`, with `RetryInfo`).
+        * DEADLINE_EXCEEDED: the deadline passed before lowering started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RemotePartitionerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +240,11 @@ def add_RemotePartitionerServicer_to_server(servicer, server):
                     servicer.TransformForPreDecomposition,
                     request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionRequest.FromString,
                     response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionResponse.SerializeToString,
+            ),
+            'Lower': grpc.unary_stream_rpc_method_handler(
+                    servicer.Lower,
+                    request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.FromString,
+                    response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,6 +437,33 @@ class RemotePartitioner:
             '/remote_partitioner.v1.RemotePartitioner/TransformForPreDecomposition',
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionRequest.SerializeToString,
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.TransformForPreDecompositionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lower(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/remote_partitioner.v1.RemotePartitioner/Lower',
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.SerializeToString,
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.FromString,
             options,
             channel_credentials,
             insecure,
