@@ -1,5 +1,10 @@
 """The client: ``RemotePartitioner``, a real ExecuTorch ``Partitioner`` backed by the service."""
 
+from remote_partitioner.client.credentials import (
+    channel_credentials,
+    read_channel_credentials,
+    read_token,
+)
 from remote_partitioner.client.errors import (
     FingerprintMismatchError,
     IncompatibleServerError,
@@ -16,4 +21,7 @@ __all__ = [
     "PartitionerNotFoundError",
     "RemotePartitioner",
     "RemotePartitionerError",
+    "channel_credentials",
+    "read_channel_credentials",
+    "read_token",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -20,6 +20,7 @@ from executorch.exir.backend.partitioner import (
 )
 from torch.export import ExportedProgram
 
+from remote_partitioner.client.blobs import upload_requests
 from remote_partitioner.client.errors import (
     IncompatibleServerError,
     PartitionerNotFoundError,
@@ -32,7 +33,6 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
 SpecScalar = bool | int | float | str | bytes
-CHUNK_BYTES = 1 << 20
 #: Room for large responses and for error trailers that carry a remote traceback.
 DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -64,6 +64,17 @@ def spec_value(key: str, value: object) -> pb.SpecValue:
         f"spec key {key!r}: a {type(value).__name__} cannot be sent; "
         "use bool, int, float, str or bytes"
     )
+
+
+def open_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+) -> grpc.Channel:
+    """A channel to ``target``: TLS with ``credentials``, else plaintext."""
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, options=list(options))
+    return grpc.insecure_channel(target, options=list(options))
 
 
 def _local_versions() -> dict[str, str]:
@@ -181,12 +192,7 @@ class RemotePartitioner(Partitioner):
         with self._lock:
             if self._stub is None:
                 if self._channel is None:
-                    if self._credentials is not None:
-                        self._channel = grpc.secure_channel(
-                            self.target, self._credentials, options=self._options
-                        )
-                    else:
-                        self._channel = grpc.insecure_channel(self.target, options=self._options)
+                    self._channel = open_channel(self.target, self._credentials, self._options)
                 self._stub = pb_grpc.RemotePartitionerStub(self._channel)
             return self._stub
 
@@ -249,16 +255,7 @@ class RemotePartitioner(Partitioner):
         if not missing:
             return
 
-        def chunks() -> Iterator[pb.UploadBlobsRequest]:
-            for d in missing:
-                data = memoryview(blobs[d.hash])
-                if data.nbytes == 0:
-                    yield pb.UploadBlobsRequest(digest=d, offset=0, data=b"")
-                for off in range(0, data.nbytes, CHUNK_BYTES):
-                    piece = data[off : off + CHUNK_BYTES]
-                    yield pb.UploadBlobsRequest(digest=d, offset=off, data=piece.tobytes())
-
-        self._rpc(self.stub.UploadBlobs, chunks())
+        self._rpc(self.stub.UploadBlobs, upload_requests(missing, blobs))
         self.stats["blobs_uploaded"] += len(missing)
         self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
         self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)

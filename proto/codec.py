@@ -71,6 +71,7 @@ __all__ = [
     "iter_digests",
     "op_from_name",
     "op_name",
+    "target_name",
 ]
 
 _LOWERED_MARKER = "remote_partitioner.lowered_module"
@@ -191,7 +192,8 @@ def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphMod
     return out
 
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
+    """A node target's qualified name, as the fingerprint records it."""
     if isinstance(target, str):
         return target
     op = getattr(target, "_op", None)  # EdgeOpOverload wraps an OpOverload
@@ -242,7 +244,7 @@ def fingerprint(ep: ExportedProgram) -> list[pb.NodeFingerprint]:
                     graph=path,
                     name=node.name,
                     op=node.op,
-                    target=_target_name(node.target),
+                    target=target_name(node.target),
                     num_args=len(node.args),
                     kwarg_names=list(node.kwargs.keys()),
                     args=_args_text(node),

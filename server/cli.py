@@ -1,4 +1,5 @@
-"""The ``remote-partitioner`` command line."""
+"""The ``remote-partitioner`` command line: ``serve``, and the client commands ``list``,
+``partition`` and ``lower`` (see :mod:`remote_partitioner.client.cli`)."""
 
 from __future__ import annotations
 
@@ -163,9 +164,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="address of the metrics endpoint (default 127.0.0.1)")
     ops.add_argument("--log-level", default="WARNING",
                      help="Python logging level; INFO logs one line per call (default WARNING)")
+    # The client commands (list, partition, lower) live with the client; this entry point is
+    # the one place that joins the two halves.
+    from remote_partitioner.client import cli as client_cli
+
+    client_cli.add_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args, serve)
+    if args.command in client_cli.COMMANDS:
+        return client_cli.run(args)
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE
 

@@ -7,12 +7,13 @@ serving after each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import torch
@@ -346,20 +347,14 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
               {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message,
                EXCEPTION_TRACEBACK: r.traceback})
 
-    def _run(
-        self,
-        ref: pb.PartitionerRef,
-        program: pb.Program,
-        context: grpc.ServicerContext,
-        hook: Callable[[Partitioner, ExportedProgram], _R],
-    ) -> _R:
-        """Build the partitioner, decode the program, run ``hook``; map failures to statuses."""
+    def _partitioner(self, ref: pb.PartitionerRef, context: grpc.ServicerContext) -> Partitioner:
+        """Build the hosted partitioner ``ref`` names; map failures to statuses."""
         try:
             hosted = self.registry.get(ref.name)
         except UnknownPartitionerError as e:
             abort(context, grpc.StatusCode.NOT_FOUND, Reason.UNKNOWN_PARTITIONER, str(e))
         try:
-            partitioner = hosted.create(spec_from_message(ref.spec))
+            return hosted.create(spec_from_message(ref.spec))
         except DuplicateSpecKey as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC, str(e))
         except InvalidSpecError as e:
@@ -369,52 +364,64 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         except Exception as e:  # the partitioner's own constructor refused the spec
             self._abort_raised(context, hooks.remote_exception(e))
 
-        def blob(d: pb.Digest) -> bytes:
-            data = self.blobs.get(d.hash)
-            if data is None:
-                raise codec.BlobMissing(d)
-            return data
-
-        self._check_program(program, context)
+    @contextlib.contextmanager
+    def _turn(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """Admit the call (or refuse it as OVERLOADED with RetryInfo), then wait for the
+        process's one hook slot until the call's deadline (DEADLINE_EXCEEDED if it passes)."""
         if not self._admitted.acquire(blocking=False):
             delay = self.limits.retry_after_seconds
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED,
                   f"{self.limits.max_concurrent_hooks} hook calls are already in progress; "
                   f"retry in {delay:g} s", details=[retry_info(delay)])
         try:
-            return self._run_admitted(partitioner, program, context, hook, blob)
+            remaining = context.time_remaining()
+            # No deadline shows as None or as a remaining time too large for a lock timeout.
+            wait = -1.0 if remaining is None or remaining > _MAX_WAIT else max(remaining, 0.0)
+            if not self._hook_lock.acquire(timeout=wait):
+                abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
+                      "the deadline passed while the call waited for its turn")
+            try:
+                yield
+            finally:
+                self._hook_lock.release()
         finally:
             self._admitted.release()
 
-    def _run_admitted(
-        self,
-        partitioner: Partitioner,
-        program: pb.Program,
-        context: grpc.ServicerContext,
-        hook: Callable[[Partitioner, ExportedProgram], _R],
-        blob: Callable[[pb.Digest], bytes],
-    ) -> _R:
+    def _check_deadline(self, context: grpc.ServicerContext) -> None:
         remaining = context.time_remaining()
-        # No deadline shows as None or as a remaining time too large for a lock timeout.
-        wait = -1.0 if remaining is None or remaining > _MAX_WAIT else max(remaining, 0.0)
-        if not self._hook_lock.acquire(timeout=wait):
+        if remaining is not None and remaining <= 0:
             abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
-                  "the deadline passed while the call waited for its turn")
-        try:
-            return self._decode_and_call(partitioner, program, context, hook, blob)
-        finally:
-            self._hook_lock.release()
+                  "the deadline passed before the work could start")
 
-    def _decode_and_call(
+    def _blob(self, d: pb.Digest) -> bytes:
+        data = self.blobs.get(d.hash)
+        if data is None:
+            raise codec.BlobMissing(d)
+        return data
+
+    def _run(
         self,
-        partitioner: Partitioner,
+        ref: pb.PartitionerRef,
         program: pb.Program,
         context: grpc.ServicerContext,
         hook: Callable[[Partitioner, ExportedProgram], _R],
-        blob: Callable[[pb.Digest], bytes],
     ) -> _R:
+        """Build the partitioner, decode the program, run ``hook``; map failures to statuses."""
+        partitioner = self._partitioner(ref, context)
+        self._check_program(program, context)
+        with self._turn(context):
+            ep = self._decode(program, context)
+            self._check_deadline(context)
+            try:
+                return hook(partitioner, ep)
+            except hooks.PartitionerRaised as e:
+                self._abort_raised(context, e.remote)
+            except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
+                abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
+
+    def _decode(self, program: pb.Program, context: grpc.ServicerContext) -> ExportedProgram:
         try:
-            ep = codec.decode_program(program, blob)
+            return codec.decode_program(program, self._blob)
         except codec.BlobMissing as e:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
                   f"{e}; upload it and call again", {BLOB_DIGEST: e.digest.hash})
@@ -430,16 +437,58 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             logger.exception("decoding a program failed")
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
                   f"the program cannot be decoded: {type(e).__name__}: {e}")
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
-                  "the deadline passed before the hook could run")
-        try:
-            return hook(partitioner, ep)
-        except hooks.PartitionerRaised as e:
-            self._abort_raised(context, e.remote)
-        except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
-            abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
+
+    # ------------------------------------------------------------------ whole lowering
+
+    def Lower(
+        self, request: pb.LowerRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.LowerResponse]:
+        from remote_partitioner.server import lowering, pt2
+
+        if not request.partitioners:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_SPEC,
+                  "no partitioner given", details=[bad_request("partitioners", "empty")])
+        partitioners = [self._partitioner(ref, context) for ref in request.partitioners]
+        self._check_digest(request.archive, context, "archive")
+        with self._turn(context):
+            archive = self.blobs.get(request.archive.hash)
+            if archive is None or len(archive) != request.archive.size_bytes:
+                abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
+                      f"archive blob {request.archive.hash}/{request.archive.size_bytes} is "
+                      "missing; upload it and call again", {BLOB_DIGEST: request.archive.hash})
+            try:
+                programs = pt2.read_pt2(archive)
+            except (ValueError, codec.CodecError) as e:
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
+                      f"the archive cannot be read: {e}")
+            self._check_deadline(context)
+            try:
+                methods, pte = lowering.lower(
+                    programs, partitioners,
+                    check_ir_validity=not request.options.skip_ir_validity_check,
+                    report_only=request.options.report_only,
+                )
+            except hooks.PartitionerRaised as e:
+                self._abort_raised(context, e.remote)
+        first = pb.LowerResponse(report=_report_message(methods))
+        if pte is not None:
+            first.pte.CopyFrom(codec.digest_of(pte))
+        yield first
+        view = memoryview(pte or b"")
+        for off in range(0, len(view), READ_CHUNK_BYTES):
+            yield pb.LowerResponse(offset=off, data=bytes(view[off : off + READ_CHUNK_BYTES]))
+
+
+def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
+    """``lowering.MethodReport``s as a DelegationReport message."""
+    out = pb.DelegationReport()
+    for m in methods:
+        entry = out.methods.add(method=m.method, total_nodes=m.total_nodes)
+        for backend, (partitions, nodes) in sorted(m.delegated.items()):
+            entry.delegated.add(backend_id=backend, partitions=partitions, nodes=nodes)
+        for op, count in sorted(m.cpu_ops.items(), key=lambda kv: (-kv[1], kv[0])):
+            entry.cpu_ops.add(op=op, count=count)
+    return out
 
 
 __all__ = ["Limits", "RemotePartitionerServicer", "server_versions", "spec_from_message"]

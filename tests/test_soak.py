@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,9 @@ def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
 # 1. Soak
 
 
+_FAKE_MODE_LOCK = threading.Lock()
+
+
 @dataclasses.dataclass
 class SoakRun:
     """Shared state of the soak's worker threads."""
@@ -215,11 +219,17 @@ class SoakRun:
         while (i := self.take(limit)) is not None:
             name = names[i % len(names)]
             try:
-                result = partitioner.partition(get_fake_program(self.workload.programs[name]))
-                got = answer_of(result)
+                # get_fake_program builds its fakes in, and ExecuTorch's verifier runs the graph
+                # under, the source program's one FakeTensorMode, which is not thread-safe: one
+                # thread at a time (the partition calls themselves overlap).
+                with _FAKE_MODE_LOCK:
+                    program = get_fake_program(self.workload.programs[name])
+                got = answer_of(partitioner.partition(program))
             except Exception as e:  # every failure is counted and reported
                 with self.lock:
-                    self.errors.append(f"call {i} ({name}): {type(e).__name__}: {e}")
+                    self.errors.append(
+                        f"call {i} ({name}): {type(e).__name__}: {e}\n{traceback.format_exc()}"
+                    )
                 continue
             with self.lock:
                 self.done += 1
@@ -379,7 +389,7 @@ def test_shutdown_finishes_the_call_in_flight(
         exited = time.monotonic() - sigterm
         summary = (
             f"first call {first_call_s:.2f} s; SIGTERM {sigterm - polled:.2f} s after the RPC was "
-            f"seen in flight; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM "
+            f"seen in flight; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM"
             f"; a new call {refused_after:.2f} s after SIGTERM ({accepted} accepted before it) "
             f"was {new_call.code().name}, the call still in flight then: {in_flight_at_new_call}"
             f"; server exited {returncode} after {exited:.2f} s"

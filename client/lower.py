@@ -1,0 +1,155 @@
+"""Whole-program lowering on the server (the ``Lower`` RPC), for archives from any exporter."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
+from remote_partitioner.client.remote import SpecScalar, open_channel, spec_value
+from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+
+@dataclasses.dataclass
+class LowerResult:
+    """What ``Lower`` returned: the delegation report and the ``.pte`` (None if report-only)."""
+
+    report: pb.DelegationReport
+    pte: bytes | None
+
+
+def partitioner_ref(name: str, spec: Mapping[str, SpecScalar] | None = None) -> pb.PartitionerRef:
+    """A PartitionerRef for ``name`` with ``spec`` (its order kept)."""
+    return pb.PartitionerRef(
+        name=name,
+        spec=[pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()],
+    )
+
+
+class LowerClient:
+    """Uploads a PT2 archive and lowers it on the server.
+
+    Args:
+        target: a gRPC target string.
+        credentials: TLS channel credentials; None for plaintext.
+        token: bearer token sent as ``authorization: Bearer <token>``.
+        timeout: deadline of each call, in seconds.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.channel = open_channel(target, credentials)
+        self.stub = pb_grpc.RemotePartitionerStub(self.channel)
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> LowerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            exc = from_rpc_error(e)
+        raise exc from exc.__cause__
+
+    def list_partitioners(self) -> pb.ListPartitionersResponse:
+        """The server's hosted partitioners and versions."""
+        return self._call(self.stub.ListPartitioners, pb.ListPartitionersRequest())
+
+    def upload(self, data: bytes, progress: Callable[[int], None] | None = None) -> pb.Digest:
+        """Upload ``data`` as a blob unless the server holds it; return its digest."""
+        digest = codec.digest_of(data)
+        missing = self._call(
+            self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=[digest])
+        ).missing_digests
+        if missing:
+            self._call(self.stub.UploadBlobs, upload_requests(missing, {digest.hash: data},
+                                                              progress))
+        elif progress is not None:
+            progress(len(data))
+        return digest
+
+    def lower(
+        self,
+        archive: bytes,
+        partitioners: Sequence[pb.PartitionerRef],
+        *,
+        report_only: bool = False,
+        skip_ir_validity_check: bool = False,
+        upload_progress: Callable[[int], None] | None = None,
+    ) -> LowerResult:
+        """Upload ``archive`` (a ``torch.export.save`` file) and lower it with
+        ``partitioners``; verify the ``.pte`` against the digest the server sent.
+
+        Raises:
+            RemotePartitionerError: (or a subclass, or the exception lowering raised on the
+                server) the call failed, or the ``.pte`` does not match its digest.
+        """
+        options = pb.LowerOptions(
+            report_only=report_only, skip_ir_validity_check=skip_ir_validity_check
+        )
+        for attempt in (0, 1):
+            digest = self.upload(archive, upload_progress if attempt == 0 else None)
+            request = pb.LowerRequest(archive=digest, partitioners=partitioners, options=options)
+            try:
+                return self._receive(request)
+            except RemotePartitionerError as e:
+                if attempt == 0 and e.reason == errors.Reason.BLOB_MISSING:
+                    continue  # evicted between upload and call
+                raise
+        raise AssertionError("unreachable")
+
+    def _receive(self, request: pb.LowerRequest) -> LowerResult:
+        first: pb.LowerResponse | None = None
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for message in self.stub.Lower(request, timeout=self.timeout, metadata=self.metadata):
+                if first is None:
+                    first = message
+                if message.data:
+                    if message.offset != size:
+                        raise RemotePartitionerError(
+                            f"the .pte chunk at {message.offset} arrived, expected {size}"
+                        )
+                    parts.append(message.data)
+                    size += len(message.data)
+        except grpc.RpcError as e:
+            exc = from_rpc_error(e)
+            raise exc from exc.__cause__
+        if first is None:
+            raise RemotePartitionerError("the server sent no response")
+        if request.options.report_only:
+            return LowerResult(first.report, None)
+        pte = b"".join(parts)
+        if (
+            hashlib.sha256(pte).hexdigest() != first.pte.hash
+            or len(pte) != first.pte.size_bytes
+        ):
+            raise RemotePartitionerError(
+                "the .pte received does not match the digest the server sent",
+                grpc.StatusCode.DATA_LOSS,
+            )
+        return LowerResult(first.report, pte)

@@ -1,0 +1,403 @@
+// A small client of remote_partitioner.v1.RemotePartitioner: content-addressed blob upload and
+// the `Lower` call, over @grpc/grpc-js with the .proto loaded at run time.
+
+import { createHash, randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+
+import grpc from '@grpc/grpc-js';
+import protoLoader from '@grpc/proto-loader';
+
+import { describeError } from './status.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+/** The contract, read from the repository (relative to this package). */
+export const PROTO_PATH = path.resolve(
+  HERE, '..', '..', '..', 'proto', 'remote_partitioner', 'v1', 'remote_partitioner.proto',
+);
+
+/** Recommended upload chunk size: 1 MiB. */
+export const CHUNK_BYTES = 1 << 20;
+
+/** The server's message size bound (64 MiB) and its keepalive expectations: ping every 60 s
+ *  at most once per 30 s, drop after 20 s without an answer (as the Python client does). */
+export const CHANNEL_OPTIONS = Object.freeze({
+  'grpc.max_receive_message_length': 64 << 20,
+  'grpc.max_send_message_length': 64 << 20,
+  'grpc.keepalive_time_ms': 60_000,
+  'grpc.keepalive_timeout_ms': 20_000,
+});
+
+/** How many times a call refused with OVERLOADED + RetryInfo is retried, and the longest wait. */
+export const MAX_RETRIES = 5;
+export const MAX_RETRY_DELAY_SECONDS = 30;
+
+/** The options the package loads the .proto with. */
+export const LOADER_OPTIONS = Object.freeze({
+  keepCase: true,
+  longs: Number, // every int64 of the API (sizes, offsets, counts) fits in 2^53
+  enums: String,
+  bytes: Buffer,
+  defaults: true,
+  oneofs: true,
+});
+
+let service = null;
+
+/** The generated service constructor of remote_partitioner.v1.RemotePartitioner. */
+export function serviceConstructor() {
+  if (service === null) {
+    const definition = protoLoader.loadSync(PROTO_PATH, LOADER_OPTIONS);
+    service = grpc.loadPackageDefinition(definition).remote_partitioner.v1.RemotePartitioner;
+  }
+  return service;
+}
+
+/** An error of this client (not of the server). `exitCode` is what the CLI exits with. */
+export class ClientError extends Error {
+  constructor(message, exitCode = 1) {
+    super(message);
+    this.name = 'ClientError';
+    this.exitCode = exitCode;
+  }
+}
+
+/** A call refused by the server: `.info` is `describeError()` of the gRPC error. */
+export class RpcError extends Error {
+  constructor(err) {
+    const info = describeError(err);
+    super(`${info.code_name}: ${info.message}`);
+    this.name = 'RpcError';
+    this.info = info;
+    this.cause = err;
+  }
+}
+
+const VISIBLE_ASCII = /^[\x21-\x7e]+$/;
+
+/**
+ * The bearer token in a token file: its first line that is neither blank nor a `#` comment,
+ * trimmed (the format the server's --token-file and the Python client's read_token use).
+ */
+export function readToken(file) {
+  let text;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ClientError(`cannot read token file ${JSON.stringify(file)}: ${e.message}`, 2);
+  }
+  const lines = text.split(/\r?\n/);
+  for (let i = 0; i < lines.length; i += 1) {
+    const line = lines[i].trim();
+    if (!line || line.startsWith('#')) continue;
+    if (!VISIBLE_ASCII.test(line)) {
+      throw new ClientError(
+        `token file ${JSON.stringify(file)}, line ${i + 1}: a token must be visible ASCII ` +
+          'characters without whitespace', 2,
+      );
+    }
+    return line;
+  }
+  throw new ClientError(`token file ${JSON.stringify(file)} holds no token`, 2);
+}
+
+/** The content address of `data`: lowercase hex SHA-256 and size. */
+export function digestOf(data) {
+  return { hash: createHash('sha256').update(data).digest('hex'), size_bytes: data.length };
+}
+
+const INT = /^[+-]?\d+$/;
+const FLOAT = /^[+-]?(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][+-]?\d+)?$/;
+const SPECIAL_FLOAT = /^([+-]?)(inf|infinity|nan)$/i;
+const INT64_MIN = -(2n ** 63n);
+const INT64_MAX = 2n ** 63n - 1n;
+
+/**
+ * A `SpecValue` from command-line text, as the Python CLI parses it: `true`/`false` (any case)
+ * -> bool_value; an integer (optional sign, digits) -> int_value; a decimal number with a point
+ * or an exponent, or inf/infinity/nan -> double_value; anything else -> string_value. A `str:`
+ * prefix forces a string (`str:8` is the string "8"), for a string key whose value would
+ * otherwise parse as a bool or a number.
+ */
+export function parseSpecValue(text) {
+  if (text.startsWith('str:')) return { string_value: text.slice(4) };
+  const lower = text.toLowerCase();
+  if (lower === 'true') return { bool_value: true };
+  if (lower === 'false') return { bool_value: false };
+  if (INT.test(text)) {
+    const n = BigInt(text);
+    if (n < INT64_MIN || n > INT64_MAX) throw new ClientError(`integer out of int64 range: ${text}`, 2);
+    return { int_value: n.toString() }; // protobufjs takes an int64 as a decimal string, exactly
+  }
+  if (FLOAT.test(text)) return { double_value: Number(text) };
+  const special = SPECIAL_FLOAT.exec(text);
+  if (special) {
+    const x = special[2].toLowerCase() === 'nan' ? NaN : Infinity;
+    return { double_value: special[1] === '-' ? -x : x };
+  }
+  return { string_value: text };
+}
+
+/** A `SpecEntry` list from `KEY=VALUE` strings, in order. */
+export function parseSpec(entries) {
+  const seen = new Set();
+  return entries.map((entry) => {
+    const eq = entry.indexOf('=');
+    if (eq <= 0) throw new ClientError(`--spec wants KEY=VALUE, got ${JSON.stringify(entry)}`, 2);
+    const key = entry.slice(0, eq);
+    if (seen.has(key)) throw new ClientError(`--spec key ${JSON.stringify(key)} given twice`, 2);
+    seen.add(key);
+    return { key, value: parseSpecValue(entry.slice(eq + 1)) };
+  });
+}
+
+/** A plain JS value of a received `SpecValue` (null when unset). */
+export function specValueToJs(v) {
+  if (!v || !v.value) return null;
+  const x = v[v.value];
+  return Buffer.isBuffer(x) ? x.toString('base64') : x;
+}
+
+/**
+ * A connection to one server.
+ *
+ * options: token (bearer token), tls (use TLS with the system roots), ca (PEM Buffer of root
+ * certificates; implies TLS), cert and key (PEM Buffers of a client certificate chain and its
+ * private key, for mutual TLS), timeoutSeconds (per-call deadline), requestId (x-request-id; a fresh one by default).
+ */
+export class RemotePartitionerClient {
+  constructor(target, options = {}) {
+    const Service = serviceConstructor();
+    const credentials = options.tls || options.ca || options.cert || options.key
+      ? grpc.credentials.createSsl(options.ca ?? null, options.key ?? null, options.cert ?? null)
+      : grpc.credentials.createInsecure();
+    this.stub = new Service(target, credentials, CHANNEL_OPTIONS);
+    this.token = options.token ?? null;
+    this.timeoutSeconds = options.timeoutSeconds ?? null;
+    this.requestId = options.requestId ?? randomUUID().replaceAll('-', '');
+    this.stats = { rpcs: 0, blobs_uploaded: 0, bytes_uploaded: 0 };
+    this.serverRequestId = null;
+  }
+
+  close() {
+    this.stub.close();
+  }
+
+  metadata() {
+    const md = new grpc.Metadata();
+    if (this.token) md.set('authorization', `Bearer ${this.token}`);
+    md.set('x-request-id', this.requestId);
+    return md;
+  }
+
+  callOptions() {
+    return this.timeoutSeconds ? { deadline: Date.now() + this.timeoutSeconds * 1000 } : {};
+  }
+
+  /** Remembers the server's x-request-id (initial metadata, sent on success and error). */
+  watch(call) {
+    call.on('metadata', (md) => {
+      const rid = md.get('x-request-id');
+      if (rid.length > 0) this.serverRequestId = String(rid[0]);
+    });
+    return call;
+  }
+
+  rpcError(err) {
+    const e = new RpcError(err);
+    if (e.info.request_id === null) e.info.request_id = this.serverRequestId ?? null;
+    return e;
+  }
+
+  unary(method, request) {
+    this.stats.rpcs += 1;
+    return new Promise((resolve, reject) => {
+      this.watch(this.stub[method](
+        request, this.metadata(), this.callOptions(), (err, response) => {
+          if (err) reject(this.rpcError(err));
+          else resolve(response);
+        },
+      ));
+    });
+  }
+
+  /** ListPartitionersResponse. */
+  listPartitioners() {
+    return this.unary('ListPartitioners', {});
+  }
+
+  /** The subset of `digests` the server lacks. */
+  async findMissingBlobs(digests) {
+    const r = await this.unary('FindMissingBlobs', { digests });
+    return r.missing_digests;
+  }
+
+  /**
+   * Uploads blobs on one UploadBlobs stream: each blob as consecutive chunks of at most
+   * `chunkBytes` from offset 0 (an empty blob as one empty chunk). `blobs` is a list of
+   * {digest, data}. Resolves to the committed digests.
+   */
+  uploadBlobs(blobs, chunkBytes = CHUNK_BYTES) {
+    this.stats.rpcs += 1;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const call = this.watch(this.stub.UploadBlobs(
+        this.metadata(), this.callOptions(), (err, response) => {
+          settled = true;
+          if (err) reject(this.rpcError(err));
+          else resolve(response.committed_digests);
+        },
+      ));
+      const chunks = function* chunks() {
+        for (const { digest, data } of blobs) {
+          if (data.length === 0) {
+            yield { digest, offset: 0, data: Buffer.alloc(0) };
+            continue;
+          }
+          for (let off = 0; off < data.length; off += chunkBytes) {
+            yield { digest, offset: off, data: data.subarray(off, off + chunkBytes) };
+          }
+        }
+      }();
+      const pump = () => {
+        for (;;) {
+          if (settled) return; // the server ended the call early (an error)
+          const { value, done } = chunks.next();
+          if (done) {
+            call.end();
+            return;
+          }
+          if (!call.write(value)) {
+            call.once('drain', pump);
+            return;
+          }
+        }
+      };
+      pump();
+    });
+  }
+
+  /** Uploads `data` unless the server holds it already; returns its digest. */
+  async ensureBlob(data, digest = digestOf(data)) {
+    const missing = await this.findMissingBlobs([digest]);
+    if (missing.length > 0) await this.uploadCounted([{ digest, data }]);
+    return digest;
+  }
+
+  async uploadCounted(blobs) {
+    const committed = await this.uploadBlobs(blobs);
+    const got = new Set(committed.map((d) => `${d.hash}/${d.size_bytes}`));
+    for (const { digest, data } of blobs) {
+      if (!got.has(`${digest.hash}/${digest.size_bytes}`)) {
+        throw new ClientError(`the server did not commit blob ${digest.hash}`);
+      }
+      this.stats.blobs_uploaded += 1;
+      this.stats.bytes_uploaded += data.length;
+    }
+  }
+
+  /**
+   * Lowers a PT2 archive on the server (`Lower`) and writes the `.pte` to `outputPath` (unless
+   * `options.report_only`). Uploads the archive when the server lacks it, and again if the
+   * server lost it before the call (BLOB_MISSING); waits and retries when the server is
+   * OVERLOADED and sends a RetryInfo. Resolves to {report, pte} (pte: the verified digest, or
+   * null when report_only).
+   */
+  async lower(archive, partitioners, outputPath, options = {}) {
+    const digest = await this.ensureBlob(archive);
+    const request = {
+      archive: digest,
+      partitioners,
+      options: {
+        skip_ir_validity_check: Boolean(options.skip_ir_validity_check),
+        report_only: Boolean(options.report_only),
+      },
+    };
+    let reuploaded = false;
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await this.lowerOnce(request, outputPath);
+      } catch (e) {
+        if (!(e instanceof RpcError)) throw e;
+        const { reason, retry_delay_seconds: delay } = e.info;
+        if (reason === 'BLOB_MISSING' && !reuploaded) {
+          reuploaded = true;
+          await this.uploadCounted([{ digest, data: archive }]);
+          continue;
+        }
+        if (reason === 'OVERLOADED' && delay !== null && attempt < MAX_RETRIES) {
+          await sleep(Math.min(delay, MAX_RETRY_DELAY_SECONDS) * 1000);
+          continue;
+        }
+        throw e;
+      }
+    }
+  }
+
+  async lowerOnce(request, outputPath) {
+    this.stats.rpcs += 1;
+    const call = this.watch(this.stub.Lower(request, this.metadata(), this.callOptions()));
+    let report = null;
+    let pte = null;
+    let received = 0;
+    let hash = null;
+    let fh = null;
+    const tmp = outputPath ? `${outputPath}.tmp-${process.pid}` : null;
+    let ok = false;
+    try {
+      let first = true;
+      for await (const msg of call) {
+        if (first) {
+          first = false;
+          report = msg.report;
+          if (msg.pte && !request.options.report_only) {
+            pte = { hash: msg.pte.hash, size_bytes: Number(msg.pte.size_bytes) };
+            if (tmp === null) throw new ClientError('no output path for the .pte');
+            fh = await fs.promises.open(tmp, 'w');
+            hash = createHash('sha256');
+          }
+        }
+        const data = msg.data;
+        if (data && data.length > 0) {
+          if (fh === null) throw new ClientError('the server sent .pte bytes without a digest');
+          if (Number(msg.offset) !== received) {
+            throw new ClientError(`.pte chunk at offset ${msg.offset}, expected ${received}`);
+          }
+          if (received + data.length > pte.size_bytes) {
+            throw new ClientError(`the .pte is longer than its digest's ${pte.size_bytes} bytes`);
+          }
+          hash.update(data);
+          await fh.write(data);
+          received += data.length;
+        }
+      }
+      if (first) throw new ClientError('the server ended Lower without a response');
+      if (pte !== null) {
+        if (received !== pte.size_bytes) {
+          throw new ClientError(`received ${received} bytes of a ${pte.size_bytes}-byte .pte`);
+        }
+        const got = hash.digest('hex');
+        if (got !== pte.hash) {
+          throw new ClientError(`the .pte's SHA-256 is ${got}, its digest says ${pte.hash}`);
+        }
+        await fh.close();
+        fh = null;
+        await fs.promises.rename(tmp, outputPath);
+      } else if (!request.options.report_only) {
+        throw new ClientError('the server sent no .pte digest');
+      }
+      ok = true;
+      return { report, pte };
+    } catch (e) {
+      call.cancel();
+      if (e && typeof e.code === 'number' && !(e instanceof ClientError)) throw this.rpcError(e);
+      throw e;
+    } finally {
+      if (fh !== null) await fh.close().catch(() => {});
+      if (!ok && tmp !== null) await fs.promises.rm(tmp, { force: true }).catch(() => {});
+    }
+  }
+}
