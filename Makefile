@@ -14,7 +14,9 @@ STAMP := $(VENV)/.installed
 # Folders git may not have (an empty one is not kept) are left out rather than failing ruff.
 LINT_PATHS := $(wildcard proto server client tests scripts bench)
 
-.PHONY: venv proto check-proto lint test demo serve clean distclean
+NODE_CLIENT := client/node
+
+.PHONY: venv node-client proto check-proto lint test demo serve clean distclean
 
 venv: $(STAMP)
 
@@ -27,6 +29,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@
 
+# The Node.js client (client/node), installed from the npm registry as its lock file pins it.
+node-client: $(NODE_CLIENT)/node_modules/.package-lock.json
+
+$(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+
 proto: venv
 	$(BIN)/python scripts/gen_proto.py
 
@@ -37,12 +45,15 @@ lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 	@# mypy cannot follow the editable install's import hook: give it the package layout.
 	@rm -rf build/mypy && mkdir -p build/mypy/remote_partitioner
-	@cp -r proto server client build/mypy/remote_partitioner/ && touch build/mypy/remote_partitioner/__init__.py
+	@cp -r proto server client build/mypy/remote_partitioner/
+	@rm -rf build/mypy/remote_partitioner/client/node
+	@touch build/mypy/remote_partitioner/__init__.py
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
 		-p remote_partitioner.server -p remote_partitioner.client \
-		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors
+		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
+		-m remote_partitioner.proto.spec
 
-test: venv check-proto lint
+test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
 
 demo: venv
@@ -58,4 +69,4 @@ clean:
 		-exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(NODE_CLIENT)/node_modules

@@ -11,8 +11,9 @@ import grpc
 
 from remote_partitioner.client.blobs import upload_requests
 from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
-from remote_partitioner.client.remote import SpecScalar, open_channel, spec_value
+from remote_partitioner.client.remote import open_channel
 from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
@@ -27,10 +28,7 @@ class LowerResult:
 
 def partitioner_ref(name: str, spec: Mapping[str, SpecScalar] | None = None) -> pb.PartitionerRef:
     """A PartitionerRef for ``name`` with ``spec`` (its order kept)."""
-    return pb.PartitionerRef(
-        name=name,
-        spec=[pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()],
-    )
+    return pb.PartitionerRef(name=name, spec=spec_entries(spec))
 
 
 class LowerClient:

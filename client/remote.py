@@ -29,10 +29,10 @@ from remote_partitioner.client.errors import (
     remote_exception,
 )
 from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
-SpecScalar = bool | int | float | str | bytes
 #: Room for large responses and for error trailers that carry a remote traceback.
 DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -46,24 +46,6 @@ _HOOK_NAMES = {
     pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
     pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: "transform_for_pre_decomposition",
 }
-
-
-def spec_value(key: str, value: object) -> pb.SpecValue:
-    """A Python scalar as a SpecValue; TypeError naming the key for anything else."""
-    if isinstance(value, bool):
-        return pb.SpecValue(bool_value=value)
-    if isinstance(value, int):
-        return pb.SpecValue(int_value=value)
-    if isinstance(value, float):
-        return pb.SpecValue(double_value=value)
-    if isinstance(value, str):
-        return pb.SpecValue(string_value=value)
-    if isinstance(value, (bytes, bytearray)):
-        return pb.SpecValue(bytes_value=bytes(value))
-    raise TypeError(
-        f"spec key {key!r}: a {type(value).__name__} cannot be sent; "
-        "use bool, int, float, str or bytes"
-    )
 
 
 def open_channel(
@@ -141,9 +123,7 @@ class RemotePartitioner(Partitioner):
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
-        self._spec_msg = [
-            pb.SpecEntry(key=k, value=spec_value(k, v)) for k, v in (spec or {}).items()
-        ]
+        self._spec_msg = spec_entries(spec)
         self._credentials = credentials
         self._options = [*DEFAULT_CHANNEL_OPTIONS, *options]
         self._owns_channel = channel is None

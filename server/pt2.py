@@ -397,6 +397,64 @@ def _check_treespec(value: str, field: str) -> None:
         specs.extend(s.children_specs)
 
 
+# guards_code: Python that ExportedProgram.module() execs (with builtins) when the program
+# has example inputs. torch writes shape guards with ShapeGuardPythonPrinter, e.g.
+# "L['x'].size()[0] == (1 + L['y'].size()[0])". Accepted: that language and no more.
+_GUARD_NAMES = frozenset(
+    ["L", "math", "max", "min", "abs", "int", "float", "True", "False", "None", "and", "or",
+     "not", "if", "else", "inf"]
+)
+_GUARD_ATTRIBUTES = frozenset(
+    ["size", "stride", "storage_offset", "floor", "ceil", "trunc", "sqrt", "exp", "log",
+     "isnan", "isinf"]
+)
+_GUARD_OPERATORS = frozenset(
+    ["+", "-", "*", "/", "//", "%", "(", ")", "[", "]", ",", "<", ">", "<=", ">=", "==", "!=",
+     ".", "&", "|", "~"]
+)
+_KEY_TEXT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_guard(code: str) -> None:
+    """A ``guards_code`` entry must be a shape guard: comparisons and arithmetic over input
+    sizes, strides and offsets (``L['x'].size()[0]``). Anything else is refused."""
+    def refuse(why: str) -> UnsafeArchiveError:
+        return UnsafeArchiveError(
+            f"guards_code entry {code[:200]!r} is Python that ExportedProgram.module() executes "
+            f"and not a shape guard ({why}): refused"
+        )
+
+    if len(code) > _MAX_EXPR_CHARS or "\n" in code or "\r" in code:
+        raise refuse("too long or several lines")
+    try:
+        tokens = [
+            t for t in tokenize.generate_tokens(io.StringIO(code).readline)
+            if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)
+        ]
+    except (tokenize.TokenError, SyntaxError) as e:
+        raise refuse(str(e)) from None
+    for i, tok in enumerate(tokens):
+        text = tok.string
+        prev = tokens[i - 1].string if i else ""
+        after = tokens[i + 1].string if i + 1 < len(tokens) else ""
+        if tok.type == tokenize.NUMBER:
+            ok = not re.search("[jJxXoObB_]", text)
+        elif tok.type == tokenize.NAME:
+            ok = text in _GUARD_ATTRIBUTES if prev == "." else text in _GUARD_NAMES
+        elif tok.type == tokenize.OP:
+            ok = text in _GUARD_OPERATORS
+        elif tok.type == tokenize.STRING:
+            literal = _STRING_LITERAL.match(text)
+            ok = (
+                prev == "[" and after == "]" and literal is not None
+                and bool(_KEY_TEXT.match(literal.group(2)))
+            )
+        else:
+            ok = False
+        if not ok:
+            raise refuse(f"{text[:50]!r}")
+
+
 def _field_rule(field: str, value: Any) -> None:
     """The checks of one schema field, by name (the export schema names fields consistently)."""
     if field in _IDENTIFIER_FIELDS and isinstance(value, str):
@@ -412,11 +470,9 @@ def _field_rule(field: str, value: Any) -> None:
             _check_identifier(name, "forward_arg_names entry")
     elif field in ("in_spec", "out_spec"):
         _check_treespec(value, field)
-    elif field == "guards_code" and value:
-        raise UnsafeArchiveError(
-            "the program's guards_code is Python source that ExportedProgram.module() "
-            f"executes: refused ({value[0][:200]!r})"
-        )
+    elif field == "guards_code":
+        for code in value:
+            _check_guard(code)
     elif field in _GRAPH_NAME_MAPS:
         for key in value:
             _check_identifier(key, f"{field} key")

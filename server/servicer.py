@@ -30,6 +30,7 @@ from remote_partitioner.proto.errors import (
     SPEC_KEY,
     Reason,
 )
+from remote_partitioner.proto.spec import spec_value
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server import hooks
@@ -117,21 +118,6 @@ def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
     return out
 
 
-def _spec_value(value: object) -> pb.SpecValue | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return pb.SpecValue(bool_value=value)
-    if isinstance(value, int):
-        return pb.SpecValue(int_value=value)
-    if isinstance(value, float):
-        return pb.SpecValue(double_value=value)
-    if isinstance(value, str):
-        return pb.SpecValue(string_value=value)
-    if isinstance(value, bytes):
-        return pb.SpecValue(bytes_value=value)
-    return None
-
 
 def _backend_module(backend_id: str) -> str:
     """The module defining the ``BackendDetails`` subclass named ``backend_id``, or ""."""
@@ -174,9 +160,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             )
             for key in hosted.spec_keys.values():
                 k = info.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
-                default = _spec_value(key.default)
-                if default is not None:
-                    k.default.CopyFrom(default)
+                if key.default is not None:
+                    k.default.CopyFrom(spec_value(key.name, key.default))
         return response
 
     # ------------------------------------------------------------------ blobs

@@ -496,9 +496,42 @@ def test_treespec_defaultdict_factory_is_never_imported(
     assert not touched.exists()
 
 
-def test_guards_code_is_refused(archives: dict[str, bytes]) -> None:
+class _Related(torch.nn.Module):
+    """Two dynamic sizes in a relation torch records as ``guards_code``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        torch._check(x.shape[0] == y.shape[0] + 1)
+        return x[1:] + y
+
+
+def test_shape_guards_are_kept() -> None:
+    ep = export(
+        _Related(), (torch.randn(5, 3), torch.randn(4, 3)),
+        dynamic_shapes=({0: Dim.AUTO}, {0: Dim.AUTO}),
+    )
+    data = _saved(ep)
+    got = read_pt2(data)["model"]
+    ref = torch.export.load(io.BytesIO(data))
+    assert ref._guards_code and got._guards_code == ref._guards_code
+    _same_program(got, ref)
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "__import__('os').system('true')",
+        "L['x'].size()[0] == 2 or exec('1')",
+        "L['x'].__class__",
+        "L['x\\'].size()[0] == 1",
+        "L['x'].size()[0] == (lambda: 1)()",
+        "math.pi.hex()",
+    ],
+)
+def test_guards_code_other_than_shape_guards_is_refused(
+    archives: dict[str, bytes], guard: str
+) -> None:
     def add_guard(program: Any) -> None:
-        program["guards_code"] = ["__import__('os').system('true')"]
+        program["guards_code"] = ["L['x'].size()[0] >= 2", guard]
 
     with pytest.raises(UnsafeArchiveError, match="guards_code"):
         read_pt2(_with_program(archives["linear_relu"], add_guard))
