@@ -51,7 +51,7 @@ lint: venv
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
 		-p remote_partitioner.server -p remote_partitioner.client \
 		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
-		-m remote_partitioner.proto.spec
+		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check
 
 test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests

@@ -827,6 +827,12 @@ def checked_graph_json(raw: bytes) -> Any:
     if not isinstance(value, dict):
         raise ProgramDecodeError("the program's graph cannot be deserialized: not a JSON object")
     _check_targets(value)
+    from remote_partitioner.proto.graph_check import check_fields  # (it imports this module)
+
+    try:
+        check_fields(value)
+    except RecursionError:
+        raise ProgramDecodeError("the program's graph is nested too deeply") from None
     return value
 
 

@@ -1,53 +1,57 @@
 """Reading PT2 archives (``torch.export.save``, ``package_pt2``) without running their content.
 
-``torch.export.load`` unpickles: the sample inputs always, weights and constants that were saved
-with ``use_pickle`` (tensor subclasses), custom and opaque objects, legacy ``.pt`` weights. And
-the program JSON it deserializes can make torch run code even with no pickle in sight:
+``torch.export.load`` unpickles: the sample inputs always, weights and constants saved with
+``use_pickle`` (tensor subclasses), custom and opaque objects, legacy ``.pt`` weights. And the
+program JSON makes torch run code or import modules with no pickle in sight:
 
 * symbolic sizes (``SymExpr.expr_str``) go to ``sympy.sympify``, which ``eval``s them;
-* graph input names become parameters of the ``def forward(...)`` that FX generates and
-  ``exec``s (``name = "x=__import__('os')..."``); attribute paths go into ``getattr(self, "...")``
-  string literals; ``forward_arg_names`` and the keyword names of ``in_spec`` go into the code
-  ``ExportedProgram.module()`` generates;
-* ``guards_code`` is Python source that ``ExportedProgram.module()`` ``exec``s;
-* ``as_operator`` arguments name any attribute of ``torch``, ``operator`` or ``math``.
+* graph input names become parameters of the ``def forward(...)`` FX generates and ``exec``s
+  while deserializing (``"x=__import__('os').system(...)"`` runs);
+* ``in_spec``/``out_spec`` treespecs name modules that ``treespec_loads`` imports (enum keys,
+  ``defaultdict`` factories);
+* ``guards_code`` is Python that ``ExportedProgram.module()`` ``exec``s (with example inputs);
+* attribute paths, ``forward_arg_names`` and ``in_spec`` keyword names are written into code
+  that FX and ``module()`` generate; ``as_operator`` arguments resolve any attribute of
+  ``torch``, ``operator`` or ``math``.
 
 :func:`read_pt2` reads the same format with none of that: the zip is read in memory with
-:mod:`zipfile`, no pickle is ever loaded (sample inputs are not read at all), and the program JSON
-is checked (node targets by :func:`remote_partitioner.proto.codec.checked_graph_json`, the rest
-here) before torch's deserializer sees it. What it can read comes back as the same
-``ExportedProgram`` that ``torch.export.load`` gives (graph, signature, state_dict and constant
-values, aliasing, range constraints, module call graph), except that ``example_inputs`` is None.
+:mod:`zipfile` (names, member count and declared sizes checked first), no pickle is ever loaded
+(sample inputs are not read at all), and the program JSON is checked before torch's
+deserializer sees it: node targets by :func:`remote_partitioner.proto.codec.checked_graph_json`,
+``as_operator`` by the codec's ``check_target``, and here every field's type against the export
+schema (torch's JSON reader trusts the JSON's types: a list where a string is expected reaches
+``sympify`` as a list of strings), graph names (identifiers), attribute paths (no quotes or
+backslashes), symbolic expressions (sympy's ``srepr`` language over torch's symbols), treespecs
+(no imports) and ``guards_code`` (shape guards only). What it reads comes back as the
+``ExportedProgram`` that ``torch.export.load`` gives, except that ``example_inputs`` is None.
 
 Torch's own pieces are used wherever they do not unpickle: the archive layout constants
 (``torch.export.pt2_archive.constants``), the payload config reader (``_load_payload_config``),
 the flat payload builder (``_build_file_map``), the export schema and its JSON reader
-(``_dict_to_dataclass``), and ``ExportedProgramDeserializer``. The zip reader is ours (torch's
-``PT2ArchiveReader`` is C++ over the whole buffer with no member checks); it presents the part of
-``PT2ArchiveReader``'s interface that those functions use. What is re-implemented is
-``_load_state_dict``/``_load_constants``/``_load_exported_programs``, i.e. the parts that call
-``torch.load``/``pickle.loads``/``torch._C._pickle_load_obj``.
+(``_dict_to_dataclass``), and ``ExportedProgramDeserializer``. The zip reader is ours: torch's
+``PT2ArchiveReader`` (C++ ``PyTorchFileReader``) can read from a buffer, but offers no way to
+check names or declared sizes before it reads; ours presents the part of its interface those
+functions use. Re-implemented: ``_load_state_dict``/``_load_constants``/
+``_load_exported_programs``, the parts that call ``torch.load``, ``pickle.loads`` or
+``torch._C._pickle_load_obj``, with every strided view checked against its payload first.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
-import json
 import math
 import re
 import sys
 import threading
-import tokenize
 import typing
 import zipfile
-from collections import OrderedDict, defaultdict
 from enum import Enum
 from types import NoneType, UnionType
 from typing import Any, cast
 
 import torch
-import torch.utils._pytree as pytree
 from torch._export.serde import schema
 from torch._export.serde.serialize import (
     ExportedProgramDeserializer,
@@ -66,9 +70,9 @@ from torch.export.pt2_archive._package import (
     _build_file_map,
     _load_payload_config,
 )
-from torch.utils._sympy.symbol import prefix_str
 
-from remote_partitioner.proto.codec import ProgramDecodeError, check_target, checked_graph_json
+from remote_partitioner.proto.codec import ProgramDecodeError, checked_graph_json
+from remote_partitioner.proto.graph_check import UnsafeGraphError, check_fqn, field_rule
 
 __all__ = ["ArchiveError", "UnsafeArchiveError", "read_pt2"]
 
@@ -76,15 +80,16 @@ __all__ = ["ArchiveError", "UnsafeArchiveError", "read_pt2"]
 class UnsafeArchiveError(ValueError):
     """The archive can only be read by running something it holds: a pickle (weights or
     constants saved with ``use_pickle``, custom objects, opaque objects, legacy ``.pt`` weights
-    or an archive of the pre-PT2 format) or Python source torch would execute (``guards_code``).
-    The message names the archive member or field, and why."""
+    or an archive of the pre-PT2 format) or Python that torch would execute (a ``guards_code``
+    entry that is not a shape guard). The message names the archive member or field, and why."""
 
 
 class ArchiveError(ValueError):
     """The archive is not a readable PT2 archive: not a zip, a refused member name, too many or
     too large members, missing files, a malformed config or program, a tensor that does not fit
     in its payload, an unknown dtype, a program that names something other than an operator
-    (the :class:`~remote_partitioner.proto.codec.ProgramDecodeError` is the ``__cause__``)."""
+    (the :class:`~remote_partitioner.proto.codec.ProgramDecodeError` is the ``__cause__``), or
+    a name, symbolic expression or treespec that torch would turn into code or imports."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,8 +125,8 @@ class _MemoryArchive:
         try:
             self._zip = zipfile.ZipFile(io.BytesIO(data))
             infos = self._zip.infolist()
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
-            raise ArchiveError(f"not a zip archive: {e}") from None
+        except Exception as e:  # BadZipFile, but also struct, Unicode, OS errors
+            raise ArchiveError(f"not a zip archive: {_short(e)}") from None
         if len(infos) > max_members:
             raise ArchiveError(f"the archive has {len(infos)} members, more than {max_members}")
         for info in infos:  # torch.export.load's fallback for archives older than PT2
@@ -181,10 +186,8 @@ class _MemoryArchive:
         try:
             with self._zip.open(info) as f:
                 data = f.read(info.file_size + 1)
-        except (
-            zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError
-        ) as e:
-            raise ArchiveError(f"{name} cannot be read: {e}") from None
+        except Exception as e:  # BadZipFile, zlib.error, EOFError, unsupported compression
+            raise ArchiveError(f"{name} cannot be read: {_short(e)}") from None
         if len(data) != info.file_size:
             raise ArchiveError(f"{name} does not hold the {info.file_size} bytes it declares")
         return data
@@ -196,12 +199,15 @@ class _MemoryArchive:
             raise ArchiveError(f"{name} is not UTF-8 text") from None
 
     def get_storage_from_record(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """The payload as a flat tensor of ``numel`` elements of ``dtype``: a copy of the bytes
-        in memory torch owns (the bytearray is kept alive by the tensor)."""
-        raw = bytearray(self.read_bytes(name))
+        """The payload as a flat tensor of ``numel`` elements of ``dtype``: its bytes copied
+        into memory torch allocates (aligned as torch aligns)."""
+        raw = self.read_bytes(name)
         if numel * torch._utils._element_size(dtype) != len(raw):
             raise ArchiveError(f"{name}: {len(raw)} bytes is not {numel} elements of {dtype}")
-        return torch.frombuffer(raw, dtype=dtype)
+        flat = torch.empty(numel, dtype=dtype)
+        if raw:
+            ctypes.memmove(flat.data_ptr(), raw, len(raw))  # sizes checked just above
+        return flat
 
     def as_torch_reader(self) -> PT2ArchiveReader:
         """This archive, typed as what torch's helpers take (they only use the methods above)."""
@@ -212,270 +218,17 @@ class _MemoryArchive:
 # Checking the program JSON
 
 
-_IDENTIFIER_FIELDS = frozenset(
-    ["name", "as_name", "user_input_name"]  # graph names: placeholders, nodes, kwargs, subgraphs
-)
-_FQN_FIELDS = frozenset(
-    ["parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"]
-)
-_GRAPH_NAME_MAPS = frozenset(
-    ["tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values"]
-)
-
-# A symbolic expression is written by sympy's srepr (``Add(Mul(Integer(2), Symbol('s0',
-# positive=True, integer=True)), Integer(1))``) and read back by ``sympy.sympify``, i.e. eval.
-# It may only use: the classes and functions srepr and torch's deserializer name, sympy's
-# assumption keywords, numbers, bare symbol names (s0, u3, zf1, ...: torch's prefixes), and a
-# string literal only as the first argument of Symbol (a symbol name) or Float (a decimal).
-# Anything else (builtins, sympy's `test` or `preview`, attribute access, subscripts, lambdas,
-# other strings, which sympify parses as more code) is refused.
-_SYMBOL = re.compile(
-    "^(?:"
-    + "|".join(
-        sorted((re.escape(p) for p in prefix_str.values()), key=len, reverse=True)
-    )
-    + r")[0-9]+$"
-)
-_FLOAT_TEXT = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|inf|nan)$")
-_EXPR_NAMES = frozenset(
-    [
-        # torch.utils._sympy.functions, as GraphModuleDeserializer.sympy_functions lists them
-        "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt",
-        "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv",
-        "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
-        "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "Max", "Min", "int_oo",
-        "IntInfinity", "NegativeIntInfinity",
-        # sympy classes srepr writes
-        "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Abs", "floor",
-        "ceiling", "sqrt", "exp", "log", "sign", "Equality", "Unequality", "GreaterThan",
-        "StrictGreaterThan", "LessThan", "StrictLessThan", "Eq", "Ne", "Lt", "Le", "Gt", "Ge",
-        "And", "Or", "Not", "Xor", "Piecewise", "ExprCondPair", "ITE", "Tuple", "oo", "zoo",
-        "nan", "true", "false", "True", "False", "pi", "E", "Infinity", "NegativeInfinity",
-        "NaN", "ComplexInfinity", "Half", "One", "Zero", "NegativeOne",
-        # keyword arguments
-        "precision", "algebraic", "antihermitian", "commutative", "complex", "composite",
-        "even", "extended_negative", "extended_nonnegative", "extended_nonpositive",
-        "extended_nonzero", "extended_positive", "extended_real", "finite", "hermitian",
-        "imaginary", "infinite", "integer", "irrational", "negative", "noninteger",
-        "nonnegative", "nonpositive", "nonzero", "odd", "polar", "positive", "prime",
-        "rational", "real", "transcendental", "zero",
-    ]
-)
-_EXPR_GENERATED_NAMES = re.compile(r"^(?:OpaqueUnaryFn|BitwiseFn)_[a-z0-9_]+$")
-_EXPR_OPERATORS = frozenset(
-    ["+", "-", "*", "/", "//", "%", "**", "(", ")", ",", "<", ">", "<=", ">=", "==", "!=",
-     "&", "|", "~", "="]
-)
-_STRING_LITERAL = re.compile(r"""^(['"])([^'"\\]*)\1$""")
-_MAX_EXPR_CHARS = 100_000
+_HINTS: dict[type, dict[str, Any]] = {}
 
 
-def _check_expr(expr: str) -> None:
-    """A symbolic expression must be sympy arithmetic over symbols: ``sympy.sympify`` evals it."""
-    if len(expr) > _MAX_EXPR_CHARS or "\n" in expr or "\r" in expr:
-        raise ArchiveError(f"symbolic expression {expr[:200]!r} is refused")
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(expr).readline))
-    except (tokenize.TokenError, SyntaxError) as e:
-        raise ArchiveError(f"symbolic expression {expr[:200]!r} is refused: {e}") from None
-    before: list[str] = ["", ""]  # the two previous significant tokens
-    for tok in tokens:
-        if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER):
-            continue
-        text = tok.string
-        if tok.type == tokenize.NUMBER:
-            ok = not re.search("[jJxXoObB_]", text)
-        elif tok.type == tokenize.NAME:
-            ok = text in _EXPR_NAMES or bool(
-                _SYMBOL.match(text) or _EXPR_GENERATED_NAMES.match(text)
-            )
-        elif tok.type == tokenize.OP:
-            ok = text in _EXPR_OPERATORS
-        elif tok.type == tokenize.STRING:
-            literal = _STRING_LITERAL.match(text)
-            content = literal.group(2) if literal else ""
-            ok = before[1] == "(" and (
-                (before[0] == "Symbol" and bool(_SYMBOL.match(content)))
-                or (before[0] == "Float" and bool(_FLOAT_TEXT.match(content)))
-            )
-        else:
-            ok = False
-        if not ok:
-            raise ArchiveError(
-                f"symbolic expression {expr[:200]!r} is refused: {text[:50]!r} is not sympy "
-                "arithmetic over symbols"
-            )
-        before = [before[1], text]
-
-
-def _check_identifier(value: str, what: str) -> None:
-    """A name FX writes into code. Empty is allowed (positional arguments of higher-order
-    operators have no name) and is no code."""
-    if value and not value.isidentifier():
-        raise ArchiveError(f"{what} {value[:200]!r} is not a Python identifier")
-
-
-_FQN_PART = re.compile(r"""^[^"'\\]+$""")
-
-
-def _check_fqn(value: str, what: str) -> None:
-    """An attribute path: FX writes its non-identifier parts into ``getattr(x, "...")``."""
-    if value == "" and what == "fqn":
-        return
-    for part in value.split("."):
-        if not part or not part.isprintable() or not _FQN_PART.match(part):
-            raise ArchiveError(f"{what} {value[:200]!r} is not an attribute path")
-
-
-_DEFAULT_FACTORIES = frozenset(
-    ["list", "dict", "set", "frozenset", "tuple", "int", "float", "bool", "str", "bytes"]
-)
-
-
-def _has_enum(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            if "__enum__" in v:
-                return True
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
-
-
-def _check_treespec(value: str, field: str) -> None:
-    """A treespec (``in_spec``, ``out_spec``): torch's ``treespec_loads`` imports the modules
-    it names (enum keys, ``defaultdict`` factories), so those are refused (but a builtin
-    factory) before torch reads it. The keyword names of ``in_spec`` become code in
-    ``module()``: they must not hold quotes or backslashes."""
-    try:
-        _protocol, root = json.loads(value)
-    except (ValueError, TypeError):
-        raise ArchiveError(f"{field} is not a serialized treespec") from None
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict) or not isinstance(node.get("children_spec"), list):
-            raise ArchiveError(f"{field} is not a serialized treespec")
-        context = node.get("context")
-        if node.get("type") == "collections.defaultdict":
-            if (
-                not isinstance(context, dict)
-                or context.get("default_factory_module") != "builtins"
-                or context.get("default_factory_name") not in _DEFAULT_FACTORIES
-            ):
-                raise ArchiveError(
-                    f"{field}: a defaultdict whose factory is not a builtin type is refused "
-                    "(torch would import its module)"
-                )
-        elif isinstance(context, str):
-            try:
-                context = json.loads(context)
-            except ValueError:
-                raise ArchiveError(f"{field}: a treespec context is not JSON") from None
-        if _has_enum(context):
-            raise ArchiveError(
-                f"{field}: enum keys are refused (torch would import the module they name)"
-            )
-        stack.extend(node["children_spec"])
-    if field != "in_spec":
-        return
-    try:
-        spec = pytree.treespec_loads(value)
-    except Exception as e:
-        raise ArchiveError(f"{field} cannot be read: {_short(e)}") from None
-    specs = [spec]
-    while specs:
-        s = specs.pop()
-        if s.type in (dict, OrderedDict, defaultdict):
-            keys = s.context[1] if s.type is defaultdict else s.context
-            for k in keys:
-                if isinstance(k, str) and not (k.isprintable() and _FQN_PART.match(k)):
-                    raise ArchiveError(f"{field} key {k[:200]!r} is refused")
-        specs.extend(s.children_specs)
-
-
-# guards_code: Python that ExportedProgram.module() execs (with builtins) when the program
-# has example inputs. torch writes shape guards with ShapeGuardPythonPrinter, e.g.
-# "L['x'].size()[0] == (1 + L['y'].size()[0])". Accepted: that language and no more.
-_GUARD_NAMES = frozenset(
-    ["L", "math", "max", "min", "abs", "int", "float", "True", "False", "None", "and", "or",
-     "not", "if", "else", "inf"]
-)
-_GUARD_ATTRIBUTES = frozenset(
-    ["size", "stride", "storage_offset", "floor", "ceil", "trunc", "sqrt", "exp", "log",
-     "isnan", "isinf"]
-)
-_GUARD_OPERATORS = frozenset(
-    ["+", "-", "*", "/", "//", "%", "(", ")", "[", "]", ",", "<", ">", "<=", ">=", "==", "!=",
-     ".", "&", "|", "~"]
-)
-_KEY_TEXT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _check_guard(code: str) -> None:
-    """A ``guards_code`` entry must be a shape guard: comparisons and arithmetic over input
-    sizes, strides and offsets (``L['x'].size()[0]``). Anything else is refused."""
-    def refuse(why: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(
-            f"guards_code entry {code[:200]!r} is Python that ExportedProgram.module() executes "
-            f"and not a shape guard ({why}): refused"
+def _hints(cls: type) -> dict[str, Any]:
+    """The schema class's field types (cached: get_type_hints is slow)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(
+            cls, globalns=vars(schema), include_extras=True
         )
-
-    if len(code) > _MAX_EXPR_CHARS or "\n" in code or "\r" in code:
-        raise refuse("too long or several lines")
-    try:
-        tokens = [
-            t for t in tokenize.generate_tokens(io.StringIO(code).readline)
-            if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)
-        ]
-    except (tokenize.TokenError, SyntaxError) as e:
-        raise refuse(str(e)) from None
-    for i, tok in enumerate(tokens):
-        text = tok.string
-        prev = tokens[i - 1].string if i else ""
-        after = tokens[i + 1].string if i + 1 < len(tokens) else ""
-        if tok.type == tokenize.NUMBER:
-            ok = not re.search("[jJxXoObB_]", text)
-        elif tok.type == tokenize.NAME:
-            ok = text in _GUARD_ATTRIBUTES if prev == "." else text in _GUARD_NAMES
-        elif tok.type == tokenize.OP:
-            ok = text in _GUARD_OPERATORS
-        elif tok.type == tokenize.STRING:
-            literal = _STRING_LITERAL.match(text)
-            ok = (
-                prev == "[" and after == "]" and literal is not None
-                and bool(_KEY_TEXT.match(literal.group(2)))
-            )
-        else:
-            ok = False
-        if not ok:
-            raise refuse(f"{text[:50]!r}")
-
-
-def _field_rule(field: str, value: Any) -> None:
-    """The checks of one schema field, by name (the export schema names fields consistently)."""
-    if field in _IDENTIFIER_FIELDS and isinstance(value, str):
-        _check_identifier(value, field)
-    elif field in _FQN_FIELDS and isinstance(value, str):
-        _check_fqn(value, field)
-    elif field == "expr_str":
-        _check_expr(value)
-    elif field == "as_operator":
-        check_target(value)  # ProgramDecodeError, like a node target
-    elif field == "forward_arg_names" and value is not None:
-        for name in value:
-            _check_identifier(name, "forward_arg_names entry")
-    elif field in ("in_spec", "out_spec"):
-        _check_treespec(value, field)
-    elif field == "guards_code":
-        for code in value:
-            _check_guard(code)
-    elif field in _GRAPH_NAME_MAPS:
-        for key in value:
-            _check_identifier(key, f"{field} key")
+    return hints
 
 
 def _check_schema(obj: Any, hint: Any, where: str) -> None:
@@ -498,21 +251,21 @@ def _check_schema(obj: Any, hint: Any, where: str) -> None:
     if isinstance(hint, type) and issubclass(hint, _Union):
         if not isinstance(obj, hint):
             raise ArchiveError(f"{where}: expected {hint.__name__}")
-        hints = typing.get_type_hints(hint, globalns=vars(schema), include_extras=True)
+        hints = _hints(hint)
         tag = str(obj.type)  # a _UnionTag refuses comparisons with other tags
         if tag not in hints or tag.startswith("_"):
             raise ArchiveError(f"{where}: {hint.__name__} has no member {tag!r}")
         _check_schema(obj.value, hints[tag], f"{where}.{tag}")
-        _field_rule(tag, obj.value)
+        field_rule(tag, obj.value)
         return
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(obj, hint):
             raise ArchiveError(f"{where}: expected {hint.__name__}")
-        hints = typing.get_type_hints(hint, globalns=vars(schema), include_extras=True)
+        hints = _hints(hint)
         for f in dataclasses.fields(hint):
             value = getattr(obj, f.name)
             _check_schema(value, hints[f.name], f"{where}.{f.name}")
-            _field_rule(f.name, value)
+            field_rule(f.name, value)
         return
     if origin is list:
         if not isinstance(obj, list):
@@ -602,7 +355,10 @@ def _load_payloads(
 
     for fqn, meta in config.config.items():
         where = f"{config_file}: {fqn!r}"
-        _check_fqn(fqn, "payload FQN")
+        try:
+            check_fqn(fqn, "payload FQN")
+        except ProgramDecodeError as e:
+            raise ArchiveError(str(e)) from None
         _plain_name(meta.path_name, where)
         record = base_dir + meta.path_name
         if constants and meta.path_name.startswith(pt2c.CUSTOM_OBJ_FILENAME_PREFIX):
@@ -693,12 +449,13 @@ def _read_program(archive: _MemoryArchive, model_name: str, file: str) -> Export
             raise UnsafeArchiveError(f"{legacy} holds legacy pickled tensors: refused")
     try:
         value = checked_graph_json(archive.read_bytes(file))
-    except ProgramDecodeError as e:
-        raise ArchiveError(f"{file}: {e}") from e
-    try:
         serialized: schema.ExportedProgram = _read_dataclass(schema.ExportedProgram, value, file)
+    except UnsafeGraphError as e:
+        raise UnsafeArchiveError(f"{file}: {e}") from e
     except ProgramDecodeError as e:
         raise ArchiveError(f"{file}: {e}") from e
+    except RecursionError:
+        raise ArchiveError(f"{file} is nested too deeply") from None
     state_dict = _load_payloads(
         archive, pt2c.WEIGHTS_CONFIG_FILENAME_FORMAT.format(model_name), pt2c.WEIGHTS_DIR, False
     )
@@ -738,12 +495,17 @@ def read_pt2(
     members' declared uncompressed sizes (checked before anything is read) plus the zeros torch
     would materialize for empty payloads must not exceed it. ``None``: no byte limit.
 
+    Stricter than torch: a byte order other than this host's, payload aliases that disagree on
+    dtype (torch silently gives them the payload's), and anything in the program JSON that
+    torch would turn into code or imports are refused (see the module docstring).
+
     Raises :class:`UnsafeArchiveError` if reading would need unpickling (``use_pickle``
     weights or constants, custom or opaque objects, legacy ``.pt`` weights, a pre-PT2 archive)
-    or the program carries ``guards_code``; :class:`ArchiveError` for anything else unreadable,
-    including a program whose graph names something that is not a registered operator (the
-    codec's ``ProgramDecodeError`` is the ``__cause__``) or holds a name or symbolic expression
-    that torch would turn into code. Nothing is extracted to disk.
+    or the program's ``guards_code`` holds more than shape guards; :class:`ArchiveError` for
+    anything else unreadable, including a graph that names something that is not a registered
+    operator (ProgramDecodeError is wrapped: the codec's ``ProgramDecodeError`` is the
+    ``__cause__``). Nothing is extracted to disk; torch's deserializer runs under a module lock
+    (it keeps its state in a global and refuses concurrent use).
     """
     archive = _MemoryArchive(data, max_members, max_uncompressed_bytes)
     names = archive.get_file_names()
