@@ -403,7 +403,7 @@ def test_symbolic_expression_must_be_a_string(archives: dict[str, bytes]) -> Non
         values = program["graph_module"]["graph"]["tensor_values"]
         values["x"]["sizes"][0] = {"as_expr": {"expr_str": ["1"], "hint": {"as_int": 2}}}
 
-    with pytest.raises(ArchiveError, match="export schema|is not a string"):
+    with pytest.raises(ArchiveError, match=r"export schema|is not a string"):
         read_pt2(_with_program(archives["linear_relu"], inject))
 
 
