@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import keyword
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -954,8 +955,14 @@ def _repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
             f = names.get(node.name)
             if f is None:
                 continue
-            # Placeholder targets: the deserializers name the target after the node.
+            # Placeholder targets: the deserializers name the target after the node. FX writes
+            # a placeholder's target into the generated forward(): only an identifier is taken.
             if node.op == "placeholder" and node.target != f.target:
+                if not f.target.isidentifier() or keyword.iskeyword(f.target):
+                    raise ProgramDecodeError(
+                        f"placeholder {node.name!r}: target {f.target[:100]!r} is not an "
+                        "identifier"
+                    )
                 node.target = f.target
                 changed = True
         # Positional vs keyword arguments, as the client had them.
@@ -1092,7 +1099,14 @@ def decode_program(
         ProgramDecodeError: the message or its graph cannot be decoded.
         FingerprintMismatch: the rebuilt program differs from the client's fingerprint.
     """
-    return _Decoder(blobs).program(msg)
+    try:
+        return _Decoder(blobs).program(msg)
+    except CodecError:
+        raise
+    except Exception as e:  # a malformed message that reached torch
+        raise ProgramDecodeError(
+            f"the program cannot be rebuilt: {type(e).__name__}: {str(e)[:1000]}"
+        ) from e
 
 
 def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:

@@ -18,6 +18,9 @@ from grpc_status import rpc_status
 
 from remote_partitioner.proto.errors import DOMAIN, Reason
 
+#: Longest status message sent (the message travels in a trailer, twice).
+MAX_MESSAGE_CHARS = 2000
+
 
 def bad_request(field: str, description: str) -> error_details_pb2.BadRequest:
     """A ``BadRequest`` with one field violation."""
@@ -42,7 +45,17 @@ def make_status(
     info: Mapping[str, str] | None = None,
     details: Sequence[Message] = (),
 ) -> grpc.Status:
-    """The status for ``code`` with an ``ErrorInfo`` (``reason``, ``info``) and ``details``."""
+    """The status for ``code`` with an ``ErrorInfo`` (``reason``, ``info``) and ``details``.
+
+    The message is made valid UTF-8 and cut to :data:`MAX_MESSAGE_CHARS`, so that the trailers
+    fit gRPC's default metadata limits; ``info`` carries the full text where one is needed.
+    """
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
+    info = {
+        k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in (info or {}).items()
+    }
     packed = []
     for detail in (
         error_details_pb2.ErrorInfo(

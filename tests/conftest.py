@@ -88,4 +88,4 @@ def inproc_server() -> Iterator[tuple[object, str]]:
     try:
         yield store, f"127.0.0.1:{port}"
     finally:
-        server.stop(None)
+        server.stop(grace=1).wait(timeout=30)
