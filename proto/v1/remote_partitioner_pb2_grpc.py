@@ -191,9 +191,10 @@ class RemotePartitionerServicer:
         Status codes:
         * OK: the report, then the `.pte` in order.
         * NOT_FOUND: a partitioner is not hosted (reason `UNKNOWN_PARTITIONER`).
-        * INVALID_ARGUMENT: an invalid spec (reason `INVALID_SPEC`), an archive that cannot be read
-        or needs unpickling (reason `INVALID_PROGRAM`), no partitioner given, or lowering raised
-        (reason `PARTITIONER_RAISED`).
+        * INVALID_ARGUMENT: an invalid spec (reason `INVALID_SPEC`), a malformed archive digest
+        (reason `INVALID_DIGEST`), an archive that cannot be read or needs unpickling (reason
+        `INVALID_PROGRAM`), no partitioner given, or lowering raised (reason
+        `PARTITIONER_RAISED`).
         * FAILED_PRECONDITION: the archive blob is missing (reason `BLOB_MISSING`).
         * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason
         `OVERLOADED`, with `RetryInfo`).
