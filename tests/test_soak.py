@@ -28,11 +28,11 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from conftest import wait_serving  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge
 from executorch.exir.backend.partitioner import PartitionResult
 from executorch.exir.program._fake_program import get_fake_program
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch.export import ExportedProgram
 
 from remote_partitioner.client import RemotePartitioner
@@ -146,20 +146,6 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     # After the ")" closing the command name: state is field 3, utime 14 and stime 15.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_serving(target: str, deadline: float) -> None:
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise TimeoutError(f"server at {target} did not report SERVING in time")
 
 
 @pytest.fixture()
