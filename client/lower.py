@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 
 from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.channel import open_channel
 from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
-from remote_partitioner.client.remote import open_channel
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb

@@ -21,6 +21,7 @@ from executorch.exir.backend.partitioner import (
 from torch.export import ExportedProgram
 
 from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.channel import DEFAULT_CHANNEL_OPTIONS, open_channel
 from remote_partitioner.client.errors import (
     IncompatibleServerError,
     PartitionerNotFoundError,
@@ -33,30 +34,11 @@ from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
-#: Room for large responses and for error trailers that carry a remote traceback.
-DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_metadata_size", 1 << 20),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-]
 _HOOK_NAMES = {
     pb.HOOK_PARTITION: "partition",
     pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
     pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: "transform_for_pre_decomposition",
 }
-
-
-def open_channel(
-    target: str,
-    credentials: grpc.ChannelCredentials | None = None,
-    options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
-) -> grpc.Channel:
-    """A channel to ``target``: TLS with ``credentials``, else plaintext."""
-    if credentials is not None:
-        return grpc.secure_channel(target, credentials, options=list(options))
-    return grpc.insecure_channel(target, options=list(options))
 
 
 def _local_versions() -> dict[str, str]:

@@ -64,7 +64,7 @@ from hypothesis import note as _hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from remote_partitioner.client.remote import DEFAULT_CHANNEL_OPTIONS
+from remote_partitioner.client.channel import DEFAULT_CHANNEL_OPTIONS
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import DOMAIN
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
