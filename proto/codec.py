@@ -35,11 +35,11 @@ crossing, and read by no hosted partitioner: ``seq_nr``, ``example_value``, ``or
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import keyword
 import math
 import operator
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -47,6 +47,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 __all__ = [
@@ -115,19 +116,15 @@ class UnrepresentableMeta(CodecError):
 # Digests and blobs
 
 
-def digest_of(data: bytes | bytearray | memoryview) -> pb.Digest:
-    """The SHA-256 digest and size of ``data``."""
-    view = memoryview(data)
-    return pb.Digest(hash=hashlib.sha256(view).hexdigest(), size_bytes=view.nbytes)
-
-
 def _storage_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy view of the bytes of ``t``'s whole untyped storage."""
     storage = t.untyped_storage()
     if storage.nbytes() == 0:
         return memoryview(b"")
     flat = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[call-overload]
-    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
+    # Read-only: a program decoded from these views copies them instead of sharing memory
+    # with the tensors they were taken from.
+    return memoryview(flat.numpy()).cast("B").toreadonly()  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
@@ -374,12 +371,84 @@ def _dialect_of(ep: ExportedProgram) -> pb.Dialect:
     return pb.DIALECT_ATEN
 
 
+#: Metadata strings holding ``id()``s of the exporting process, and how each is made canonical.
+_PROCESS_IDS = {
+    "from_node": "_canonical_from_node",
+    "nn_module_stack": "_canonical_module_stack",
+}
+
+
 class _Encoder:
     def __init__(self, digests: DigestCache | None) -> None:
         self.blobs: dict[str, memoryview | bytes] = {}
         self.digests = digests or DigestCache()
         # storage key -> digest, for this encoding
         self._storages: dict[tuple[int, int], pb.Digest] = {}
+        # ``from_node`` graph ids (addresses of this process's graphs) -> 0, 1, 2, ...
+        self._graph_ids: dict[int, int] = {}
+        # numeric ``nn_module_stack`` keys (addresses of this process's modules) -> 0, 1, ...
+        self._module_ids: dict[str, str] = {}
+
+    def graph_json(
+        self, tree: Any, encoder_cls: type[json.JSONEncoder], *, allow_nan: bool
+    ) -> bytes:
+        """The schema object's dict ``tree`` as JSON bytes (written as its serializer writes
+        it), with process-local ids made canonical."""
+        return json.dumps(
+            self.canonical_graph_ids(tree), cls=encoder_cls, allow_nan=allow_nan
+        ).encode("utf-8")
+
+    def canonical_graph_ids(self, tree: Any) -> Any:
+        """``tree`` with the graph ids of every ``from_node`` string, and the numeric keys of
+        every ``nn_module_stack`` string, renumbered 0, 1, 2, ... in order of first appearance
+        in this encoding.
+
+        Both are ``id()``s of objects of the exporting process (graphs, modules): memory
+        addresses that change from run to run and mean nothing elsewhere. Only which nodes
+        share one is read (ExecuTorch's debug handles group nodes by graph id), and renumbering
+        keeps that, while the same program now encodes to the same bytes in every process, so
+        that its blobs and cached results are found again.
+        """
+        if isinstance(tree, dict):
+            for k, v in tree.items():
+                if type(k) is str and type(v) is str and k in _PROCESS_IDS:
+                    tree[k] = getattr(self, _PROCESS_IDS[k])(v)
+                elif isinstance(v, (dict, list)):
+                    self.canonical_graph_ids(v)
+        elif isinstance(tree, list):
+            for v in tree:
+                if isinstance(v, (dict, list)):
+                    self.canonical_graph_ids(v)
+        return tree
+
+    def _canonical_from_node(self, text: str) -> str:
+        try:
+            sources = json.loads(text)
+        except ValueError:
+            return text
+
+        def walk(value: Any) -> None:
+            if isinstance(value, list):
+                for v in value:
+                    walk(v)
+            elif isinstance(value, dict):
+                gid = value.get("graph_id")
+                if isinstance(gid, int):
+                    value["graph_id"] = self._graph_ids.setdefault(gid, len(self._graph_ids))
+                walk(value.get("from_node"))
+
+        walk(sources)
+        return json.dumps(sources)
+
+    def _canonical_module_stack(self, text: str) -> str:
+        # "key,path,type;key,path,type": a strict export's keys are module addresses.
+        items = []
+        for item in text.split(";"):
+            key, sep, rest = item.partition(",")
+            if sep and key.isdigit():
+                key = self._module_ids.setdefault(key, str(len(self._module_ids)))
+            items.append(key + sep + rest)
+        return ";".join(items)
 
     def blob(self, data: memoryview | bytes) -> pb.Digest:
         d = digest_of(data)
@@ -428,7 +497,7 @@ class _Encoder:
         if dialect == pb.DIALECT_EDGE:
             graph_json = _serialize_edge(ep, self, lowered, module_tensors, paths)
         else:
-            graph_json = _serialize_aten(ep)
+            graph_json = _serialize_aten(ep, self)
         msg = pb.Program(dialect=dialect)
         msg.graph.CopyFrom(self.blob(graph_json))
         msg.state_dict.extend(self.tensor(k, v) for k, v in ep.state_dict.items())
@@ -436,7 +505,7 @@ class _Encoder:
         msg.module_tensors.extend(module_tensors)
         msg.lowered_modules.extend(lowered)
         msg.fingerprint.extend(fingerprint(ep))
-        msg.node_metadata.extend(_node_metadata(ep, dialect))
+        msg.node_metadata.extend(_node_metadata(ep, dialect, self))
         return msg
 
 
@@ -450,7 +519,9 @@ def _metadata_serializer(ep: ExportedProgram, dialect: pb.Dialect) -> Any:
     return tser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
 
 
-def _node_metadata(ep: ExportedProgram, dialect: pb.Dialect) -> Iterator[pb.NodeMetadata]:
+def _node_metadata(
+    ep: ExportedProgram, dialect: pb.Dialect, encoder: _Encoder
+) -> Iterator[pb.NodeMetadata]:
     """What the graph JSON drops: the metadata of nodes it holds no metadata for (placeholder,
     get_attr, output and getitem nodes), the presence and shape of ``tensor_meta``, and a
     ``val`` that is a list."""
@@ -460,7 +531,7 @@ def _node_metadata(ep: ExportedProgram, dialect: pb.Dialect) -> Iterator[pb.Node
             entries: dict[str, str] = {}
             if node.op != "call_function" or node.target is operator.getitem:
                 try:
-                    entries = serializer.serialize_metadata(node)
+                    entries = encoder.canonical_graph_ids(serializer.serialize_metadata(node))
                 except Exception as e:
                     raise ProgramEncodeError(
                         f"metadata of placeholder {node.name!r} cannot be serialized: {e}"
@@ -484,19 +555,41 @@ def _node_metadata(ep: ExportedProgram, dialect: pb.Dialect) -> Iterator[pb.Node
                 )
 
 
-def _serialize_aten(ep: ExportedProgram) -> bytes:
+def _serialize_aten(ep: ExportedProgram, encoder: _Encoder) -> bytes:
+    """The export schema's JSON for ``ep``'s graph, as ``torch._export.serde.serialize`` writes
+    it with no state dict, constants or example inputs.
+
+    This is ``ExportedProgramSerializer.serialize`` without two steps whose results it throws
+    away: the ``canonicalize`` self-check (a deep copy of the whole schema object, half the
+    time) and pickling. The bytes are the same but for ``from_node`` graph ids, made canonical
+    (``tests/test_codec.py`` compares them).
+    """
+    from torch._export.non_strict_utils import _enable_graph_inputs_of_type_nn_module
+    from torch._export.serde import schema
     from torch._export.serde import serialize as tser
 
     try:
-        artifact = tser.serialize(
-            ep,
-            serialize_state_dict=False,
-            serialize_constants=False,
-            serialize_example_inputs=False,
-        )
+        with _enable_graph_inputs_of_type_nn_module(ep.example_inputs):
+            ep.validate()
+            module = tser.GraphModuleSerializer(
+                ep.graph_signature, ep.module_call_graph
+            ).serialize(ep.graph_module)
+            serialized = schema.ExportedProgram(
+                graph_module=module,
+                opset_version={"aten": torch._C._get_max_operator_version()},
+                range_constraints=tser.serialize_range_constraints(ep.range_constraints),
+                schema_version=schema.SchemaVersion(
+                    major=tser.SCHEMA_VERSION[0], minor=tser.SCHEMA_VERSION[1]
+                ),
+                verifiers=[v.dialect for v in ep.verifiers],
+                torch_version=torch.__version__,
+                guards_code=ep._guards_code,
+            )
+            return encoder.graph_json(
+                tser._dataclass_to_dict(serialized), tser.EnumEncoder, allow_nan=False
+            )
     except Exception as e:
         raise ProgramEncodeError(f"torch's serializer failed: {type(e).__name__}: {e}") from e
-    return bytes(artifact.exported_program)
 
 
 def _edge_serializer_class() -> type:
@@ -593,9 +686,10 @@ def _serialize_edge(
         raise ProgramEncodeError(
             f"custom objects {sorted(serializer.custom_objs)} cannot cross the wire"
         )
-    return json.dumps(
-        export_serialize._dataclass_to_dict(serialized), cls=export_serialize.EnumEncoder
-    ).encode("utf-8")
+    return encoder.graph_json(
+        export_serialize._dataclass_to_dict(serialized), export_serialize.EnumEncoder,
+        allow_nan=True,
+    )
 
 
 def encode_program(ep: ExportedProgram, *, digests: DigestCache | None = None) -> EncodedProgram:
@@ -644,11 +738,14 @@ class _Decoder:
     def storage(self, digest: pb.Digest) -> torch.UntypedStorage:
         s = self._storages.get(digest.hash)
         if s is None:
-            data = self.blob(digest)
-            if len(data) == 0:
+            view = memoryview(self.blob(digest)).cast("B")
+            if view.nbytes == 0:
                 s = torch.UntypedStorage(0)
             else:
-                s = torch.frombuffer(bytearray(data), dtype=torch.uint8).untyped_storage()
+                # A writable buffer is shared (zero-copy); a read-only one is copied, since
+                # tensors are writable.
+                buf = bytearray(view) if view.readonly else view
+                s = torch.frombuffer(buf, dtype=torch.uint8).untyped_storage()
             self._storages[digest.hash] = s
         return s
 
@@ -835,6 +932,42 @@ def checked_graph_json(raw: bytes) -> Any:
     except RecursionError:
         raise ProgramDecodeError("the program's graph is nested too deeply") from None
     return value
+
+
+_SCHEMA_MODULES = frozenset({"torch._export.serde.schema", "executorch.exir.serde.schema"})
+
+
+def _memoize_schema_type_hints() -> None:
+    """Make ``typing.get_type_hints`` remember its answer for the export schemas' classes.
+
+    The schema deserializers (``_dict_to_dataclass``, in torch and in ExecuTorch) ask for the
+    type hints of a schema class once per *object* they build, and resolving them was half of
+    the time it took to read a graph. A class's hints never change, so for the schema modules'
+    classes (and only those) they are computed once per process. Installed once; idempotent.
+    """
+    original = typing.get_type_hints
+    if getattr(original, "_remote_partitioner_memo", False):
+        return
+    memo: dict[tuple[type, int], dict[str, Any]] = {}
+
+    def get_type_hints(
+        obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False
+    ) -> dict[str, Any]:
+        if (
+            isinstance(obj, type)
+            and obj.__module__ in _SCHEMA_MODULES
+            and localns is None
+            and not include_extras
+        ):
+            key = (obj, id(globalns))
+            hints = memo.get(key)
+            if hints is None:
+                hints = memo[key] = original(obj, globalns)
+            return hints
+        return original(obj, globalns, localns, include_extras)
+
+    get_type_hints._remote_partitioner_memo = True  # type: ignore[attr-defined]
+    typing.get_type_hints = get_type_hints
 
 
 def _deserialize_aten(
@@ -1093,12 +1226,15 @@ def decode_program(
     Args:
         msg: The program message.
         blobs: Returns a blob's bytes by digest; raises :class:`BlobMissing` if it has none.
+            The tensors of a writable buffer share its memory (no copy is made: the caller
+            must not reuse it for anything else); a read-only buffer is copied.
 
     Raises:
         BlobMissing: a blob the program names is not available.
         ProgramDecodeError: the message or its graph cannot be decoded.
         FingerprintMismatch: the rebuilt program differs from the client's fingerprint.
     """
+    _memoize_schema_type_hints()
     try:
         return _Decoder(blobs).program(msg)
     except CodecError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from torch.export import Dim, ExportedProgram, export
 from remote_partitioner.proto import codec
 
 META_KEYS = (
-    "stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "debug_handle",
+    "stack_trace", "source_fn_stack", "torch_fn", "debug_handle",
     "tensor_meta",
 )
 
@@ -103,6 +104,11 @@ def test_roundtrip_is_structurally_identical(name: str) -> None:
             for key in META_KEYS:
                 if key in a.meta:  # (symbolic sizes of two programs compare as text)
                     assert str(b.meta.get(key)) == str(a.meta[key]), f"{name}: {a.name}: {key}"
+            # Module addresses are renumbered; the modules and their order are the same.
+            if "nn_module_stack" in a.meta:
+                assert list(b.meta["nn_module_stack"].values()) == list(
+                    a.meta["nn_module_stack"].values()
+                ), f"{name}: {a.name}"
     for key, value in ep.state_dict.items():
         got = decoded.state_dict[key]
         assert (got.shape, got.dtype, type(got)) == (value.shape, value.dtype, type(value))
@@ -172,3 +178,50 @@ def test_operator_names_roundtrip_and_refuse_non_operators() -> None:
     for bad in ("os::system.default", "aten::__class__.default", "aten", "builtins::eval.x"):
         with pytest.raises(ValueError):
             codec.op_from_name(bad)
+
+
+def test_aten_graph_json_is_torchs_own() -> None:
+    """The encoder skips torch's discarded canonicalize self-check, not anything it writes."""
+    from torch._export.serde import serialize as tser
+
+    torch.manual_seed(0)
+    for ep in (PROGRAMS["aten"], export(_Cond(), (torch.randn(4),), strict=True)):
+        theirs = tser.serialize(
+            ep, serialize_state_dict=False, serialize_constants=False,
+            serialize_example_inputs=False,
+        ).exported_program
+        encoder = codec._Encoder(None)
+        ours = codec._serialize_aten(ep, encoder)
+        assert ours == codec._Encoder(None).graph_json(
+            json.loads(theirs), tser.EnumEncoder, allow_nan=False
+        )
+        assert encoder._graph_ids  # there were graph ids to renumber
+
+
+def test_same_program_same_bytes_in_every_lowering() -> None:
+    """from_node graph ids are addresses of the exporting process's graphs; the encoding
+    renumbers them, so two lowerings of one model send the same graph blobs."""
+    torch.manual_seed(0)
+    graphs = []
+    for _ in range(2):
+        ep = export(_Net().eval(), (torch.randn(2, 3, 6, 6),), strict=True)
+        edge = to_edge(ep).exported_program()
+        graphs.append(
+            [codec.encode_program(p).message.graph.hash for p in (ep, edge)]
+        )
+    assert graphs[0] == graphs[1]
+
+
+def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
+    ep = PROGRAMS["aten"]
+    encoded = codec.encode_program(ep)
+    writable = {h: bytearray(b) for h, b in encoded.blobs.items()}
+    shared = codec.decode_program(encoded.message, lambda d: writable[d.hash])
+    copied = codec.decode_program(encoded.message, lambda d: bytes(writable[d.hash]))
+    name = "conv.weight"
+    buf = writable[encoded.message.state_dict[0].storage.hash]
+    assert encoded.message.state_dict[0].name == name
+    before = copied.state_dict[name].clone()
+    shared.state_dict[name].data.zero_()  # writes through to the buffer it was decoded from
+    assert not any(buf)
+    assert torch.equal(copied.state_dict[name], before)
