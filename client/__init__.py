@@ -1,5 +1,7 @@
 """The client: ``RemotePartitioner``, a real ExecuTorch ``Partitioner`` backed by the service."""
 
+from typing import TYPE_CHECKING, Any
+
 from remote_partitioner.client.credentials import (
     channel_credentials,
     read_channel_credentials,
@@ -12,7 +14,19 @@ from remote_partitioner.client.errors import (
     PartitionerNotFoundError,
     RemotePartitionerError,
 )
-from remote_partitioner.client.remote import RemotePartitioner
+
+if TYPE_CHECKING:
+    from remote_partitioner.client.remote import RemotePartitioner
+
+
+def __getattr__(name: str) -> Any:
+    # RemotePartitioner needs torch and ExecuTorch; the command line's client commands and the
+    # errors and credentials helpers do not, so it is imported on first use.
+    if name == "RemotePartitioner":
+        from remote_partitioner.client.remote import RemotePartitioner
+
+        return RemotePartitioner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "FingerprintMismatchError",

@@ -12,7 +12,8 @@ import grpc
 from remote_partitioner.client.blobs import upload_requests
 from remote_partitioner.client.channel import open_channel
 from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
-from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto import errors
+from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
@@ -78,7 +79,7 @@ class LowerClient:
 
     def upload(self, data: bytes, progress: Callable[[int], None] | None = None) -> pb.Digest:
         """Upload ``data`` as a blob unless the server holds it; return its digest."""
-        digest = codec.digest_of(data)
+        digest = digest_of(data)
         missing = self._call(
             self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=[digest])
         ).missing_digests

@@ -41,6 +41,47 @@ _HOOK_NAMES = {
 }
 
 
+class _Snapshot:
+    """What a hook's answer depends on, held cheaply: the program's objects by identity (its
+    graph modules, nodes, every ``node.meta`` value, tensors with their version counters,
+    signature, constraints) and its structural fingerprint (node names, ops, targets, args).
+
+    Two snapshots are equal when the program is the same object, none of those was replaced
+    and no tensor was written in place since: then encoding it again would give the same
+    message, and the server the same answer. (A ``node.meta`` value changed in place, rather
+    than replaced, is not seen: no ExecuTorch pass between two hook calls does that.)
+    """
+
+    __slots__ = ("_fingerprint", "_objects", "_versions")
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        objects: list[object] = [
+            ep, ep.graph_module, ep.graph_signature, ep.range_constraints, ep.module_call_graph,
+        ]
+        for _, gm in codec.graph_modules(ep.graph_module):
+            objects.append(gm)
+            for node in gm.graph.nodes:
+                objects.append(node)
+                objects.extend(node.meta.keys())
+                objects.extend(node.meta.values())
+        tensors = [*ep.state_dict.values(), *ep.constants.values()]
+        objects.extend(tensors)
+        self._objects = objects
+        self._versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
+        self._fingerprint = codec.fingerprint(ep)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Snapshot)
+            and len(self._objects) == len(other._objects)
+            and all(a is b for a, b in zip(self._objects, other._objects, strict=True))
+            and self._versions == other._versions
+            and self._fingerprint == other._fingerprint
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _local_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "executorch": metadata.version("executorch")}
 
@@ -80,6 +121,8 @@ class RemotePartitioner(Partitioner):
         token: a bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
         max_retries: how many times a call refused with a ``RetryInfo`` (server overloaded)
             is retried after the delay the server asks for.
+        memoize: answer a hook called again on the same, unchanged program object from the
+            previous answer, without encoding it or calling the server (see ``stats``).
     """
 
     def __init__(
@@ -95,6 +138,7 @@ class RemotePartitioner(Partitioner):
         check_versions: bool = True,
         token: str | None = None,
         max_retries: int = 5,
+        memoize: bool = True,
     ) -> None:
         super().__init__(dict(spec or {}))
         self.target = target
@@ -102,6 +146,9 @@ class RemotePartitioner(Partitioner):
         self.timeout = timeout
         self.check_versions = check_versions
         self.max_retries = max_retries
+        self.memoize = memoize
+        # hook RPC name -> (snapshot of the program, response, encoding) of the last call
+        self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram]] = {}
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -114,9 +161,10 @@ class RemotePartitioner(Partitioner):
         self._info: pb.PartitionerInfo | None = None
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
-        #: Counters: RPCs made, blobs and bytes uploaded, and of those the graph (JSON) bytes.
+        #: Counters: RPCs made, blobs and bytes uploaded, and of those the graph (JSON) bytes;
+        #: hook calls answered from memory.
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
-                      "graph_bytes_uploaded": 0}
+                      "graph_bytes_uploaded": 0, "memo_hits": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -125,7 +173,7 @@ class RemotePartitioner(Partitioner):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for k in ("_channel", "_stub", "_lock", "_digests"):
+        for k in ("_channel", "_stub", "_lock", "_digests", "_memo"):
             state.pop(k, None)
         return state
 
@@ -135,6 +183,7 @@ class RemotePartitioner(Partitioner):
         self._owns_channel = True
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
+        self._memo = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RemotePartitioner:
         # A partitioner is configuration plus a connection; copies share neither state nor
@@ -223,10 +272,24 @@ class RemotePartitioner(Partitioner):
         self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)
 
     def _call_hook(
-        self, method: Callable[..., Any], make: Callable[[pb.Program], Any], ep: ExportedProgram
+        self, rpc: str, make: Callable[[pb.Program], Any], ep: ExportedProgram
     ) -> tuple[Any, codec.EncodedProgram]:
         """Encode ``ep``, upload what the server lacks, call ``method``; retry once if the
-        server evicted a blob in between."""
+        server evicted a blob in between. A repeated call on the unchanged program is answered
+        from memory."""
+        snapshot = _Snapshot(ep) if self.memoize else None
+        memo = self._memo.get(rpc)
+        if memo is not None and memo[0] == snapshot:
+            self.stats["memo_hits"] += 1
+            return memo[1], memo[2]
+        response, encoded = self._encode_and_call(getattr(self.stub, rpc), make, ep)
+        if snapshot is not None:
+            self._memo[rpc] = (snapshot, response, encoded)
+        return response, encoded
+
+    def _encode_and_call(
+        self, method: Callable[..., Any], make: Callable[[pb.Program], Any], ep: ExportedProgram
+    ) -> tuple[Any, codec.EncodedProgram]:
         try:
             encoded = codec.encode_program(ep, digests=self._digests)
         except codec.ProgramEncodeError as e:
@@ -268,7 +331,7 @@ class RemotePartitioner(Partitioner):
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         response, _ = self._call_hook(
-            self.stub.Partition,
+            "Partition",
             lambda msg: pb.PartitionRequest(partitioner=self._ref(), program=msg),
             exported_program,
         )
@@ -318,7 +381,7 @@ class RemotePartitioner(Partitioner):
         if not self.overrides("ops_to_not_decompose"):
             return super().ops_to_not_decompose(ep)
         response, _ = self._call_hook(
-            self.stub.OpsToNotDecompose,
+            "OpsToNotDecompose",
             lambda msg: pb.OpsToNotDecomposeRequest(partitioner=self._ref(), program=msg),
             ep,
         )
@@ -344,7 +407,7 @@ class RemotePartitioner(Partitioner):
         if not self.overrides("transform_for_pre_decomposition"):
             return super().transform_for_pre_decomposition(exported_program)
         response, encoded = self._call_hook(
-            self.stub.TransformForPreDecomposition,
+            "TransformForPreDecomposition",
             lambda msg: pb.TransformForPreDecompositionRequest(
                 partitioner=self._ref(), program=msg
             ),

@@ -14,11 +14,12 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.registry import Registry, default_registry
-from remote_partitioner.server.servicer import Limits, RemotePartitionerServicer
+from remote_partitioner.server.results import ResultCache
+from remote_partitioner.server.servicer import RemotePartitionerServicer, server_versions
+from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePartitioner"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 64 << 20
 
 #: Explicit transport settings: message sizes (blobs travel in 1 MiB chunks, so 64 MiB leaves
@@ -36,12 +37,18 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+def versions_key() -> str:
+    """This server's versions, as the result cache keys on them."""
+    return server_versions().SerializeToString(deterministic=True).hex()
+
+
 def create_server(
     address: str = DEFAULT_ADDRESS,
     *,
     registry: Registry | None = None,
     blob_store: BlobStore | None = None,
     limits: Limits | None = None,
+    result_cache: ResultCache | None = None,
     max_workers: int = 8,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
@@ -53,7 +60,8 @@ def create_server(
     ``credentials`` the port serves TLS; ``interceptors`` run on every call. The same port
     serves ``grpc.health.v1`` (SERVING for the overall server "" and for
     ``remote_partitioner.v1.RemotePartitioner``; pass ``health_servicer`` to change that later,
-    e.g. NOT_SERVING on shutdown) and server reflection listing every service.
+    e.g. NOT_SERVING on shutdown) and server reflection listing every service. Hook responses
+    are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns it off).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -67,6 +75,7 @@ def create_server(
         registry if registry is not None else default_registry(),
         blob_store if blob_store is not None else BlobStore(),
         limits,
+        result_cache if result_cache is not None else ResultCache(versions=versions_key()),
     )
     pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
     health_servicer = health_servicer or health.HealthServicer()

@@ -8,7 +8,6 @@ serving after each.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import torch
 from executorch.exir.backend.partitioner import Partitioner
+from google.protobuf.message import Message
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
@@ -40,10 +40,20 @@ from remote_partitioner.server.registry import (
     Registry,
     UnknownPartitionerError,
 )
+from remote_partitioner.server.results import ResultCache
+from remote_partitioner.server.settings import Limits
 from remote_partitioner.server.status import abort, bad_request, retry_info
 
 logger = logging.getLogger(__name__)
-_R = TypeVar("_R")
+_M = TypeVar("_M", bound=Message)
+_HookRequest = (
+    pb.PartitionRequest | pb.OpsToNotDecomposeRequest | pb.TransformForPreDecompositionRequest
+)
+_RESPONSES: dict[str, type[Message]] = {
+    "Partition": pb.PartitionResponse,
+    "OpsToNotDecompose": pb.OpsToNotDecomposeResponse,
+    "TransformForPreDecomposition": pb.TransformForPreDecompositionResponse,
+}
 _MAX_WAIT = 7 * 24 * 3600.0
 
 READ_CHUNK_BYTES = 1 << 20
@@ -72,30 +82,6 @@ def server_versions() -> pb.ServerVersions:
         api="v1",
         server=metadata.version("remote-partitioner"),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Bounds on what one request may ask of the server. Past a bound, a call ends with
-    RESOURCE_EXHAUSTED (reason ``LIMIT_EXCEEDED``, with a ``BadRequest`` naming the field);
-    past ``max_concurrent_hooks`` calls at once, with reason ``OVERLOADED`` and a
-    ``RetryInfo``. Declared sizes are checked before anything is allocated for them."""
-
-    #: Largest blob, in bytes.
-    max_blob_bytes: int = 4 << 30
-    #: Largest graph JSON blob of one program, in bytes.
-    max_graph_bytes: int = 1 << 30
-    #: Largest program: the bytes of all the blobs it names, nested programs included.
-    max_program_bytes: int = 64 << 30
-    #: Most nodes in one program, over all its graphs.
-    max_nodes: int = 2_000_000
-    #: Most digests in one FindMissingBlobs or ReadBlobs request.
-    max_digests: int = 1_000_000
-    #: Most hook calls (Partition, OpsToNotDecompose, TransformForPreDecomposition) admitted
-    #: at once by one server process; they run one at a time, the others wait.
-    max_concurrent_hooks: int = 16
-    #: The delay RetryInfo suggests to a call refused as OVERLOADED.
-    retry_after_seconds: float = 1.0
 
 
 class DuplicateSpecKey(ValueError):
@@ -132,10 +118,17 @@ def _backend_module(backend_id: str) -> str:
 class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     """Implements ``remote_partitioner.v1.RemotePartitioner`` over a registry and blob store."""
 
-    def __init__(self, registry: Registry, blobs: BlobStore, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        blobs: BlobStore,
+        limits: Limits | None = None,
+        results: ResultCache | None = None,
+    ) -> None:
         self.registry = registry
         self.blobs = blobs
         self.limits = limits or Limits()
+        self.results = results if results is not None else ResultCache(0)
         self._admitted = threading.BoundedSemaphore(self.limits.max_concurrent_hooks)
         # ExecuTorch partitioners and fake tensor modes share process-wide state: hooks run one
         # at a time per process (scale with worker processes).
@@ -251,12 +244,12 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     def Partition(
         self, request: pb.PartitionRequest, context: grpc.ServicerContext
     ) -> pb.PartitionResponse:
-        return self._run(request.partitioner, request.program, context, hooks.partition)
+        return self._run("Partition", request, context, hooks.partition)
 
     def OpsToNotDecompose(
         self, request: pb.OpsToNotDecomposeRequest, context: grpc.ServicerContext
     ) -> pb.OpsToNotDecomposeResponse:
-        return self._run(request.partitioner, request.program, context, hooks.ops_to_not_decompose)
+        return self._run("OpsToNotDecompose", request, context, hooks.ops_to_not_decompose)
 
     def TransformForPreDecomposition(
         self, request: pb.TransformForPreDecompositionRequest, context: grpc.ServicerContext
@@ -273,7 +266,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 self.blobs.put(h, len(raw), raw)
             return pb.TransformForPreDecompositionResponse(program=encoded.message)
 
-        return self._run(request.partitioner, request.program, context, transform)
+        return self._run("TransformForPreDecomposition", request, context, transform)
 
     # ------------------------------------------------------------------ helpers
 
@@ -386,23 +379,38 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
 
     def _run(
         self,
-        ref: pb.PartitionerRef,
-        program: pb.Program,
+        rpc: str,
+        request: _HookRequest,
         context: grpc.ServicerContext,
-        hook: Callable[[Partitioner, ExportedProgram], _R],
-    ) -> _R:
-        """Build the partitioner, decode the program, run ``hook``; map failures to statuses."""
-        partitioner = self._partitioner(ref, context)
+        hook: Callable[[Partitioner, ExportedProgram], _M],
+    ) -> _M:
+        """Build the partitioner, decode the program, run ``hook``; map failures to statuses.
+
+        A request whose bytes were answered before, and whose blobs (and the answer's) are
+        all still held, is answered from the result cache, without a turn.
+        """
+        program = request.program
+        partitioner = self._partitioner(request.partitioner, context)
         self._check_program(program, context)
+        key = self.results.key(rpc, request)
+        if self._held(codec.iter_digests(program)):
+            cached = self.results.get(key, _RESPONSES[rpc])
+            if cached is not None and self._held(_response_digests(cached)):
+                return cached  # type: ignore[return-value]
         with self._turn(context):
             ep = self._decode(program, context)
             self._check_deadline(context)
             try:
-                return hook(partitioner, ep)
+                response = hook(partitioner, ep)
             except hooks.PartitionerRaised as e:
                 self._abort_raised(context, e.remote)
             except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
                 abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
+        self.results.put(key, response)
+        return response
+
+    def _held(self, digests: Iterable[pb.Digest]) -> bool:
+        return all(self.blobs.has(d.hash, d.size_bytes) for d in digests)
 
     def _decode(self, program: pb.Program, context: grpc.ServicerContext) -> ExportedProgram:
         try:
@@ -462,6 +470,14 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         view = memoryview(pte or b"")
         for off in range(0, len(view), READ_CHUNK_BYTES):
             yield pb.LowerResponse(offset=off, data=bytes(view[off : off + READ_CHUNK_BYTES]))
+
+
+def _response_digests(response: Message) -> Iterator[pb.Digest]:
+    """The blobs a hook response names (a transformed program's)."""
+    if isinstance(response, pb.TransformForPreDecompositionResponse) and response.HasField(
+        "program"
+    ):
+        yield from codec.iter_digests(response.program)
 
 
 def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:

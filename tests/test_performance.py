@@ -1,0 +1,163 @@
+"""No round trip that cannot change the answer: the client's memo of repeated hook calls, the
+server's result cache, canonical encodings, and each storage hashed once per lowering.
+
+Speed itself is measured by ``bench/`` (``make bench``), not asserted here."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from torch.export import ExportedProgram, export
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.proto import codec
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server.results import ResultCache
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _export() -> ExportedProgram:
+    """A fresh export of the same model and weights (new graphs, modules and ids)."""
+    torch.manual_seed(7)
+    return export(_Net().eval(), (torch.randn(1, 3, 8, 8),), strict=True)
+
+
+def _pte(ep: ExportedProgram, partitioner: Any) -> bytes:
+    return bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)
+
+
+@pytest.fixture()
+def cached_server() -> Iterator[tuple[ResultCache, str]]:
+    from remote_partitioner.server.app import create_server
+
+    results = ResultCache()
+    server, port = create_server("127.0.0.1:0", result_cache=results)
+    server.start()
+    try:
+        yield results, f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=1).wait(timeout=30)
+
+
+def test_repeated_calls_on_an_unchanged_program_are_answered_from_memory(
+    cached_server: tuple[ResultCache, str],
+) -> None:
+    _, target = cached_server
+    local = _pte(_export(), XnnpackPartitioner())
+    remote = RemotePartitioner(target, "xnnpack", timeout=300)
+    assert _pte(_export(), remote) == local
+    # to_edge_transform_and_lower asks ops_to_not_decompose twice in a row on the same
+    # program, twice: the second of each pair crosses nothing.
+    assert remote.stats["memo_hits"] == 2
+    # With the server warm for both (nothing to upload), the memo saves two round trips each.
+    plain = RemotePartitioner(target, "xnnpack", timeout=300, memoize=False)
+    assert _pte(_export(), plain) == local
+    assert plain.stats["memo_hits"] == 0
+    again = RemotePartitioner(target, "xnnpack", timeout=300)
+    assert _pte(_export(), again) == local
+    assert again.stats["memo_hits"] == 2
+    assert plain.stats["calls"] - again.stats["calls"] == 4
+
+
+def test_a_changed_program_is_asked_again(cached_server: tuple[ResultCache, str]) -> None:
+    _, target = cached_server
+    remote = RemotePartitioner(target, "xnnpack", timeout=300)
+    ep = _export().run_decompositions({})
+
+    def ask() -> int:
+        before = remote.stats["memo_hits"]
+        remote.ops_to_not_decompose(ep)
+        return remote.stats["memo_hits"] - before
+
+    assert ask() == 0
+    assert ask() == 1
+    with torch.no_grad():
+        ep.state_dict["fc.bias"].add_(1.0)  # written in place: its version changes
+    assert ask() == 0
+    node = next(n for n in ep.graph.nodes if n.op == "call_function")
+    node.meta["custom"] = {"changed": True}  # a meta value added
+    assert ask() == 0
+    node.meta["val"] = copy.copy(node.meta["val"])  # a meta value replaced
+    assert ask() == 0
+    assert ask() == 1
+    other = copy.deepcopy(ep)  # an equal program, but another object: asked again
+    before = remote.stats["memo_hits"]
+    remote.ops_to_not_decompose(other)
+    assert remote.stats["memo_hits"] == before
+
+
+def test_second_lowering_is_answered_from_the_result_cache(
+    cached_server: tuple[ResultCache, str],
+) -> None:
+    results, target = cached_server
+    local = _pte(_export(), XnnpackPartitioner())
+    first = RemotePartitioner(target, "xnnpack", timeout=300)
+    assert _pte(_export(), first) == local
+    hits, entries = results.hits, len(results)
+    assert entries > 0
+    # Another client, another export of the same model: the same request bytes, since
+    # process-local ids (graph and module addresses) are renumbered by the encoder.
+    second = RemotePartitioner(target, "xnnpack", timeout=300)
+    assert _pte(_export(), second) == local
+    assert second.stats["bytes_uploaded"] == 0, "graphs and tensors are already held"
+    hook_calls = second.stats["calls"] - 1 - (second.stats["calls"] - 1) // 2  # minus List
+    assert results.hits - hits == hook_calls
+    assert len(results) == entries
+
+
+def test_result_cache_is_bounded_and_returns_fresh_messages() -> None:
+    cache = ResultCache(max_bytes=300)
+    response = pb.OpsToNotDecomposeResponse(ops=["aten::x" * 10])
+    keys = [cache.key("OpsToNotDecompose", pb.OpsToNotDecomposeRequest(
+        partitioner=pb.PartitionerRef(name=f"p{i}"))) for i in range(5)]
+    assert len(set(keys)) == 5
+    for k in keys:
+        cache.put(k, response)
+    assert cache.nbytes <= 300
+    assert cache.get(keys[0], pb.OpsToNotDecomposeResponse) is None  # least recent, evicted
+    hit = cache.get(keys[-1], pb.OpsToNotDecomposeResponse)
+    assert hit == response and hit is not response
+    hit.ops.append("changed")
+    assert cache.get(keys[-1], pb.OpsToNotDecomposeResponse) == response
+    assert ResultCache(0).get(keys[0], pb.OpsToNotDecomposeResponse) is None
+
+
+def test_each_storage_is_hashed_once_per_lowering(
+    cached_server: tuple[ResultCache, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many hook calls see a tensor, its storage is hashed once per lowering."""
+    import numpy as np
+
+    _, target = cached_server
+    hashed: list[tuple[int, int]] = []
+    digest_of = codec.digest_of
+
+    def counting(data: Any) -> pb.Digest:
+        view = memoryview(data)
+        if view.nbytes:
+            hashed.append((np.frombuffer(view, dtype=np.uint8).ctypes.data, view.nbytes))
+        return digest_of(data)
+
+    ep = _export()
+    monkeypatch.setattr(codec, "digest_of", counting)
+    remote = RemotePartitioner(target, "xnnpack", timeout=300)
+    _pte(ep, remote)
+    assert remote.stats["calls"] > 4 and hashed
+    twice = {k for k in hashed if hashed.count(k) > 1}
+    assert not twice, f"hashed more than once: {sorted(twice)}"
