@@ -14,10 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 
-from remote_partitioner.server.app import DEFAULT_ADDRESS, create_server
-from remote_partitioner.server.blobstore import BlobStore
-from remote_partitioner.server.registry import default_registry
-from remote_partitioner.server.servicer import Limits
+from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
 logger = logging.getLogger("remote_partitioner.server")
 
@@ -65,15 +62,19 @@ def _security(
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from remote_partitioner.server.app import create_server, versions_key
+    from remote_partitioner.server.blobstore import open_blob_store
     from remote_partitioner.server.observability import (
         Metrics,
         ObservabilityInterceptor,
         configure_logging,
     )
+    from remote_partitioner.server.registry import default_registry
+    from remote_partitioner.server.results import ResultCache
 
     credentials, interceptors = _security(args, parser)
     configure_logging(args.log_level)
-    store = BlobStore(args.cache_bytes)
+    store = open_blob_store(args.cache_bytes, args.blob_dir)
     metrics = Metrics(store) if args.metrics_port is not None else None
     limits = Limits(
         max_blob_bytes=args.max_blob_bytes,
@@ -89,6 +90,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     health_servicer = health.HealthServicer()
     server, port = create_server(
         args.address, registry=registry, blob_store=store, limits=limits,
+        result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
         max_workers=args.threads, interceptors=interceptors, credentials=credentials,
         health_servicer=health_servicer,
     )
@@ -119,6 +121,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="remote-partitioner", description="Host ExecuTorch partitioners over gRPC."
@@ -128,9 +137,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--address", default=DEFAULT_ADDRESS,
                        help=f"HOST:PORT to listen on (default {DEFAULT_ADDRESS}; port 0 = any)")
     serve.add_argument("--threads", type=int, default=8, help="RPC threads (default 8)")
+    serve.add_argument("--workers", type=_positive, default=1,
+                       help="server processes sharing the port (SO_REUSEPORT), one core each; "
+                       "with more than 1 they share the blob store in --blob-dir, or in a "
+                       "temporary directory (default 1)")
+    serve.add_argument("--blob-dir", default=None,
+                       help="keep blobs as files in this directory, shared safely by several "
+                       "processes and replicas (a ReadWriteMany volume); default: in memory")
     serve.add_argument("--cache-bytes", type=int, default=8 << 30,
                        help="blob store bound in bytes, least recently used evicted "
                        "(default 8 GiB)")
+    serve.add_argument("--result-cache-bytes", type=int, default=256 << 20,
+                       help="bound of the cache of hook results by request content, least "
+                       "recently used evicted (default 256 MiB; 0 = off)")
     serve.add_argument("--grace", type=float, default=30.0,
                        help="seconds in-flight calls get to finish on SIGTERM/SIGINT "
                        "(default 30)")
@@ -169,7 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from remote_partitioner.client import cli as client_cli
 
     client_cli.add_commands(sub)
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    if args.command == "serve" and args.workers > 1:
+        from remote_partitioner.server import workers
+
+        _security(args, serve)  # refuse what one worker would refuse, before starting any
+        return workers.supervise(raw, args.address, args.workers, args.blob_dir, args.grace,
+                                 args.metrics_port)
     if args.command == "serve":
         return _serve(args, serve)
     if args.command in client_cli.COMMANDS:
