@@ -30,6 +30,7 @@ from remote_partitioner.client.errors import (
     remote_exception,
 )
 from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
@@ -161,8 +162,8 @@ class RemotePartitioner(Partitioner):
         self._info: pb.PartitionerInfo | None = None
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
-        #: Counters: RPCs made, blobs and bytes uploaded, and of those the graph (JSON) bytes;
-        #: hook calls answered from memory.
+        #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
+        #: graphs (graph JSON and Program messages); hook calls answered from memory.
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
                       "graph_bytes_uploaded": 0, "memo_hits": 0}
 
@@ -272,7 +273,7 @@ class RemotePartitioner(Partitioner):
         self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)
 
     def _call_hook(
-        self, rpc: str, make: Callable[[pb.Program], Any], ep: ExportedProgram
+        self, rpc: str, make: Callable[[pb.Digest], Any], ep: ExportedProgram
     ) -> tuple[Any, codec.EncodedProgram]:
         """Encode ``ep``, upload what the server lacks, call ``method``; retry once if the
         server evicted a blob in between. A repeated call on the unchanged program is answered
@@ -288,7 +289,7 @@ class RemotePartitioner(Partitioner):
         return response, encoded
 
     def _encode_and_call(
-        self, method: Callable[..., Any], make: Callable[[pb.Program], Any], ep: ExportedProgram
+        self, method: Callable[..., Any], make: Callable[[pb.Digest], Any], ep: ExportedProgram
     ) -> tuple[Any, codec.EncodedProgram]:
         try:
             encoded = codec.encode_program(ep, digests=self._digests)
@@ -297,17 +298,25 @@ class RemotePartitioner(Partitioner):
                 f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
                 errors.Reason.INVALID_PROGRAM.value,
             ) from e
-        digests = encoded.digests()
-        graphs = {d.hash for d in codec.graph_digests(encoded.message)}
+        # The program message itself crosses as a blob, so that a program the server has
+        # seen before, from any client, costs one small request.
+        program = encoded.message.SerializeToString(deterministic=True)
+        ref = digest_of(program)
+        blobs: dict[str, memoryview | bytes] = {**encoded.blobs, ref.hash: program}
+        digests = [*encoded.digests(), ref]
+        graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
         uploads, waits = 0, 0
+        upload = False  # first, ask as if the server held everything
         while True:
-            self._upload(encoded.blobs, digests, graphs)
-            uploads += 1
+            if upload:
+                self._upload(blobs, digests, graphs)
+                uploads += 1
             try:
-                return self._rpc(method, make(encoded.message)), encoded
+                return self._rpc(method, make(ref)), encoded
             except RemotePartitionerError as e:
                 if e.reason == errors.Reason.BLOB_MISSING and uploads < 2:
-                    continue  # evicted between upload and call: upload again, once
+                    upload = True  # upload what it lacks; if evicted in between, once more
+                    continue
                 if e.retry_delay is not None and waits < self.max_retries:
                     waits += 1  # the server is busy and said when to come back
                     time.sleep(min(e.retry_delay, 30.0))
@@ -332,7 +341,7 @@ class RemotePartitioner(Partitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         response, _ = self._call_hook(
             "Partition",
-            lambda msg: pb.PartitionRequest(partitioner=self._ref(), program=msg),
+            lambda ref: pb.PartitionRequest(partitioner=self._ref(), program_digest=ref),
             exported_program,
         )
         nodes = _nodes_by_ref(exported_program)
@@ -382,7 +391,9 @@ class RemotePartitioner(Partitioner):
             return super().ops_to_not_decompose(ep)
         response, _ = self._call_hook(
             "OpsToNotDecompose",
-            lambda msg: pb.OpsToNotDecomposeRequest(partitioner=self._ref(), program=msg),
+            lambda ref: pb.OpsToNotDecomposeRequest(
+                partitioner=self._ref(), program_digest=ref
+            ),
             ep,
         )
         try:
@@ -408,8 +419,8 @@ class RemotePartitioner(Partitioner):
             return super().transform_for_pre_decomposition(exported_program)
         response, encoded = self._call_hook(
             "TransformForPreDecomposition",
-            lambda msg: pb.TransformForPreDecompositionRequest(
-                partitioner=self._ref(), program=msg
+            lambda ref: pb.TransformForPreDecompositionRequest(
+                partitioner=self._ref(), program_digest=ref
             ),
             exported_program,
         )

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import torch
 from executorch.exir.backend.partitioner import Partitioner
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
@@ -389,8 +389,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         A request whose bytes were answered before, and whose blobs (and the answer's) are
         all still held, is answered from the result cache, without a turn.
         """
-        program = request.program
         partitioner = self._partitioner(request.partitioner, context)
+        program = self._program(request, context)
         self._check_program(program, context)
         key = self.results.key(rpc, request)
         if self._held(codec.iter_digests(program)):
@@ -408,6 +408,32 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 abort(context, grpc.StatusCode.INTERNAL, Reason.UNREPRESENTABLE_RESULT, str(e))
         self.results.put(key, response)
         return response
+
+    def _program(self, request: _HookRequest, context: grpc.ServicerContext) -> pb.Program:
+        """The request's program: inline, or read from the ``program_digest`` blob."""
+        if not request.HasField("program_digest"):
+            return request.program
+        if request.HasField("program"):
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
+                  "set program or program_digest, not both",
+                  details=[bad_request("program_digest", "program is set too")])
+        d = request.program_digest
+        self._check_digest(d, context, "program_digest")
+        if d.size_bytes > self.limits.max_graph_bytes:
+            self._limit(context, "program_digest", f"the program message declares "
+                        f"{d.size_bytes} bytes", self.limits.max_graph_bytes)
+        data = self.blobs.get(d.hash)
+        if data is None or len(data) != d.size_bytes:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
+                  f"program blob {d.hash}/{d.size_bytes} is missing; upload it and call again",
+                  {BLOB_DIGEST: d.hash})
+        program = pb.Program()
+        try:
+            program.ParseFromString(bytes(data))
+        except DecodeError as e:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
+                  f"blob {d.hash} is not a Program message: {e}")
+        return program
 
     def _held(self, digests: Iterable[pb.Digest]) -> bool:
         return all(self.blobs.has(d.hash, d.size_bytes) for d in digests)

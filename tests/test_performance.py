@@ -65,14 +65,15 @@ def test_repeated_calls_on_an_unchanged_program_are_answered_from_memory(
     # to_edge_transform_and_lower asks ops_to_not_decompose twice in a row on the same
     # program, twice: the second of each pair crosses nothing.
     assert remote.stats["memo_hits"] == 2
-    # With the server warm for both (nothing to upload), the memo saves two round trips each.
+    # With the server warm for both (nothing to upload, one request per hook call), the memo
+    # saves two round trips.
     plain = RemotePartitioner(target, "xnnpack", timeout=300, memoize=False)
     assert _pte(_export(), plain) == local
     assert plain.stats["memo_hits"] == 0
     again = RemotePartitioner(target, "xnnpack", timeout=300)
     assert _pte(_export(), again) == local
     assert again.stats["memo_hits"] == 2
-    assert plain.stats["calls"] - again.stats["calls"] == 4
+    assert plain.stats["calls"] - again.stats["calls"] == 2
 
 
 def test_a_changed_program_is_asked_again(cached_server: tuple[ResultCache, str]) -> None:
@@ -116,7 +117,7 @@ def test_second_lowering_is_answered_from_the_result_cache(
     second = RemotePartitioner(target, "xnnpack", timeout=300)
     assert _pte(_export(), second) == local
     assert second.stats["bytes_uploaded"] == 0, "graphs and tensors are already held"
-    hook_calls = second.stats["calls"] - 1 - (second.stats["calls"] - 1) // 2  # minus List
+    hook_calls = second.stats["calls"] - 1  # ListPartitioners, then one request per hook call
     assert results.hits - hits == hook_calls
     assert len(results) == entries
 
@@ -161,3 +162,43 @@ def test_each_storage_is_hashed_once_per_lowering(
     assert remote.stats["calls"] > 4 and hashed
     twice = {k for k in hashed if hashed.count(k) > 1}
     assert not twice, f"hashed more than once: {sorted(twice)}"
+
+
+def test_program_by_digest_errors(cached_server: tuple[ResultCache, str]) -> None:
+    """A program sent by reference: missing, not a Program, or sent both ways."""
+    import grpc
+
+    from remote_partitioner.client.blobs import upload_requests
+    from remote_partitioner.client.channel import open_channel
+    from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
+    from remote_partitioner.proto.digests import digest_of
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+    _, target = cached_server
+    stub = pb_grpc.RemotePartitionerStub(open_channel(target))
+    ref = pb.PartitionerRef(name="xnnpack")
+    garbage = b"\xff\xff\xff\xff not a program"
+    d = digest_of(garbage)
+
+    def status(request: pb.OpsToNotDecomposeRequest) -> tuple[grpc.StatusCode, str, str]:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.OpsToNotDecompose(request, timeout=60)
+        e = from_rpc_error(info.value)
+        assert isinstance(e, RemotePartitionerError)
+        return e.code, str(e.reason), str(e)
+
+    code, reason, message = status(pb.OpsToNotDecomposeRequest(partitioner=ref, program_digest=d))
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "BLOB_MISSING")
+    assert d.hash in message
+    stub.UploadBlobs(upload_requests([d], {d.hash: garbage}), timeout=60)
+    code, reason, _ = status(pb.OpsToNotDecomposeRequest(partitioner=ref, program_digest=d))
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM")
+    both = pb.OpsToNotDecomposeRequest(partitioner=ref, program_digest=d,
+                                       program=pb.Program(dialect=pb.DIALECT_ATEN))
+    code, reason, message = status(both)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM")
+    assert "not both" in message
+    bad = pb.OpsToNotDecomposeRequest(partitioner=ref,
+                                      program_digest=pb.Digest(hash="x", size_bytes=1))
+    code, reason, _ = status(bad)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DIGEST")

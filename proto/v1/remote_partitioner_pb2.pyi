@@ -385,12 +385,14 @@ class ReadBlobsResponse(_message.Message):
     def __init__(self, digest: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PartitionRequest(_message.Message):
-    __slots__ = ("partitioner", "program")
+    __slots__ = ("partitioner", "program", "program_digest")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+    program_digest: Digest
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
 
 class PartitionResponse(_message.Message):
     __slots__ = ("tags", "partition_tags", "meta_updates")
@@ -411,12 +413,14 @@ class PartitionTag(_message.Message):
     def __init__(self, tag: _Optional[str] = ..., delegation_spec: _Optional[_Union[DelegationSpec, _Mapping]] = ...) -> None: ...
 
 class OpsToNotDecomposeRequest(_message.Message):
-    __slots__ = ("partitioner", "program")
+    __slots__ = ("partitioner", "program", "program_digest")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+    program_digest: Digest
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
 
 class NodeFailure(_message.Message):
     __slots__ = ("node", "exception")
@@ -439,12 +443,14 @@ class OpsToNotDecomposeResponse(_message.Message):
     def __init__(self, ops: _Optional[_Iterable[str]] = ..., has_filter: _Optional[bool] = ..., supported: _Optional[_Iterable[_Union[NodeRef, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[NodeFailure, _Mapping]]] = ...) -> None: ...
 
 class TransformForPreDecompositionRequest(_message.Message):
-    __slots__ = ("partitioner", "program")
+    __slots__ = ("partitioner", "program", "program_digest")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+    program_digest: Digest
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
 
 class TransformForPreDecompositionResponse(_message.Message):
     __slots__ = ("unchanged", "program")

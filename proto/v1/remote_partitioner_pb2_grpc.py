@@ -144,13 +144,14 @@ class RemotePartitionerServicer:
         * NOT_FOUND: no hosted partitioner has that name; the message lists the hosted names
         (reason `UNKNOWN_PARTITIONER`).
         * INVALID_ARGUMENT: an unknown or ill-typed spec key, naming the key and the expected type
-        (reason `INVALID_SPEC`); a program that cannot be decoded (reason `INVALID_PROGRAM`); or
-        the hosted partitioner raised (reason `PARTITIONER_RAISED`, with the exception's class,
-        message and traceback in the ErrorInfo metadata).
-        * FAILED_PRECONDITION: a blob the program refers to is missing (reason `BLOB_MISSING`, the
-        client uploads it and retries), or the program rebuilt on the server differs from the
-        client's fingerprint; the message names the first differing node (reason
-        `FINGERPRINT_MISMATCH`).
+        (reason `INVALID_SPEC`); a program that cannot be decoded, or both `program` and
+        `program_digest` set (reason `INVALID_PROGRAM`); a malformed `program_digest` (reason
+        `INVALID_DIGEST`); or the hosted partitioner raised (reason `PARTITIONER_RAISED`, with
+        the exception's class, message and traceback in the ErrorInfo metadata).
+        * FAILED_PRECONDITION: a blob the program refers to, or the `program_digest` blob, is
+        missing (reason `BLOB_MISSING`, the client uploads it and retries), or the program
+        rebuilt on the server differs from the client's fingerprint; the message names the first
+        differing node (reason `FINGERPRINT_MISMATCH`).
         * DATA_LOSS: a blob's size does not match what the program declares (reason
         `SIZE_MISMATCH`).
         * INTERNAL: a result that cannot be represented on the wire; the message names the node and
