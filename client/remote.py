@@ -21,7 +21,12 @@ from executorch.exir.backend.partitioner import (
 from torch.export import ExportedProgram
 
 from remote_partitioner.client.blobs import upload_requests
-from remote_partitioner.client.channel import DEFAULT_CHANNEL_OPTIONS, open_channel
+from remote_partitioner.client.channel import (
+    AFFINITY_METADATA_KEY,
+    DEFAULT_CHANNEL_OPTIONS,
+    new_affinity_key,
+    open_channel,
+)
 from remote_partitioner.client.errors import (
     IncompatibleServerError,
     PartitionerNotFoundError,
@@ -121,7 +126,8 @@ class RemotePartitioner(Partitioner):
         check_versions: refuse a server whose torch or ExecuTorch version differs from ours.
         token: a bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
         max_retries: how many times a call refused with a ``RetryInfo`` (server overloaded)
-            is retried after the delay the server asks for.
+            is retried after the delay the server asks for; and how many times a hook call
+            that failed with UNAVAILABLE (its replica went away) is made again, blobs included.
         memoize: answer a hook called again on the same, unchanged program object from the
             previous answer, without encoding it or calling the server (see ``stats``).
     """
@@ -150,8 +156,10 @@ class RemotePartitioner(Partitioner):
         self.memoize = memoize
         # hook RPC name -> (snapshot of the program, response, encoding) of the last call
         self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram]] = {}
+        # One affinity key per partitioner: its calls stay on one replica (see channel.py).
         self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+            (AFFINITY_METADATA_KEY, new_affinity_key()),
+            *((("authorization", f"Bearer {token}"),) if token else ()),
         )
         self._spec_msg = spec_entries(spec)
         self._credentials = credentials
@@ -163,9 +171,12 @@ class RemotePartitioner(Partitioner):
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
         #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
-        #: graphs (graph JSON and Program messages); hook calls answered from memory.
+        #: graphs (graph JSON and Program messages); hook calls answered from memory; hook
+        #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
+        #: although their blobs had been uploaded (evicted, or another replica answered).
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
-                      "graph_bytes_uploaded": 0, "memo_hits": 0}
+                      "graph_bytes_uploaded": 0, "memo_hits": 0, "unavailable_retries": 0,
+                      "blob_missing_retries": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -275,9 +286,9 @@ class RemotePartitioner(Partitioner):
     def _call_hook(
         self, rpc: str, make: Callable[[pb.Digest], Any], ep: ExportedProgram
     ) -> tuple[Any, codec.EncodedProgram]:
-        """Encode ``ep``, upload what the server lacks, call ``method``; retry once if the
-        server evicted a blob in between. A repeated call on the unchanged program is answered
-        from memory."""
+        """Encode ``ep``, upload what the server lacks, call ``method`` (see
+        :meth:`_encode_and_call`). A repeated call on the unchanged program is answered from
+        memory."""
         snapshot = _Snapshot(ep) if self.memoize else None
         memo = self._memo.get(rpc)
         if memo is not None and memo[0] == snapshot:
@@ -291,6 +302,11 @@ class RemotePartitioner(Partitioner):
     def _encode_and_call(
         self, method: Callable[..., Any], make: Callable[[pb.Digest], Any], ep: ExportedProgram
     ) -> tuple[Any, codec.EncodedProgram]:
+        """Encode ``ep`` and call ``method`` with the program's digest; on BLOB_MISSING upload
+        what the server lacks and call again (up to three uploads: a blob can be evicted, or
+        the call reach another replica, in between); on UNAVAILABLE (the replica went away)
+        call again, up to ``max_retries`` times with a growing pause, on the replica the
+        channel fails over to."""
         try:
             encoded = codec.encode_program(ep, digests=self._digests)
         except codec.ProgramEncodeError as e:
@@ -305,17 +321,27 @@ class RemotePartitioner(Partitioner):
         blobs: dict[str, memoryview | bytes] = {**encoded.blobs, ref.hash: program}
         digests = [*encoded.digests(), ref]
         graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
-        uploads, waits = 0, 0
+        uploads, waits, failovers = 0, 0, 0
         upload = False  # first, ask as if the server held everything
         while True:
-            if upload:
-                self._upload(blobs, digests, graphs)
-                uploads += 1
             try:
+                if upload:
+                    self._upload(blobs, digests, graphs)
+                    uploads += 1
                 return self._rpc(method, make(ref)), encoded
             except RemotePartitionerError as e:
-                if e.reason == errors.Reason.BLOB_MISSING and uploads < 2:
-                    upload = True  # upload what it lacks; if evicted in between, once more
+                if e.reason == errors.Reason.BLOB_MISSING and uploads < 3:
+                    if upload:  # uploaded, yet missing: evicted, or another replica answered
+                        self.stats["blob_missing_retries"] += 1
+                    upload = True  # upload what it lacks
+                    continue
+                if e.code == grpc.StatusCode.UNAVAILABLE and failovers < self.max_retries:
+                    # The replica went away (a call gRPC could not retry itself): every RPC is
+                    # idempotent, so ask the replica the channel fails over to, uploading
+                    # again if this call had to upload.
+                    failovers += 1
+                    self.stats["unavailable_retries"] += 1
+                    time.sleep(min(0.05 * 2**failovers, 2.0))
                     continue
                 if e.retry_delay is not None and waits < self.max_retries:
                     waits += 1  # the server is busy and said when to come back
