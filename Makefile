@@ -3,11 +3,13 @@
 #   make demo    start a server, lower a real model through it, compare with the local lowering
 #   make test    check generated code, lint, run the whole test suite (PYTEST_ARGS=... passes on)
 #   make serve   run the server on $(ADDRESS)
+#   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on)
 
 PYTHON ?= python3
 VENV ?= .venv
 ADDRESS ?= 127.0.0.1:50051
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -16,7 +18,7 @@ LINT_PATHS := $(wildcard proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test demo serve clean distclean
+.PHONY: venv node-client proto check-proto lint test demo serve bench clean distclean
 
 venv: $(STAMP)
 
@@ -51,7 +53,8 @@ lint: venv
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
 		-p remote_partitioner.server -p remote_partitioner.client \
 		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
-		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check
+		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check \
+		-m remote_partitioner.proto.digests
 
 test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
@@ -61,6 +64,9 @@ demo: venv
 
 serve: venv
 	$(BIN)/remote-partitioner serve --address $(ADDRESS)
+
+bench: venv
+	$(BIN)/python bench/bench.py --json build/bench.json $(BENCH_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.blobstore import BlobStore
+from remote_partitioner.server.blobstore import Blobs, BlobStore
 from remote_partitioner.server.registry import Registry, default_registry
 from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import RemotePartitionerServicer, server_versions
@@ -46,7 +46,7 @@ def create_server(
     address: str = DEFAULT_ADDRESS,
     *,
     registry: Registry | None = None,
-    blob_store: BlobStore | None = None,
+    blob_store: Blobs | None = None,
     limits: Limits | None = None,
     result_cache: ResultCache | None = None,
     max_workers: int = 8,

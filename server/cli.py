@@ -128,7 +128,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line's parser and its ``serve`` subparser (importing nothing heavy)."""
     parser = argparse.ArgumentParser(
         prog="remote-partitioner", description="Host ExecuTorch partitioners over gRPC."
     )
@@ -188,6 +189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from remote_partitioner.client import cli as client_cli
 
     client_cli.add_commands(sub)
+    return parser, serve
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from remote_partitioner.client import cli as client_cli
+
+    parser, serve = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(raw)
     if args.command == "serve" and args.workers > 1:

@@ -52,7 +52,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server.blobstore import BlobStore
+from remote_partitioner.server.blobstore import Blobs
 
 #: The metadata key carrying a call's request id, both ways.
 REQUEST_ID_KEY = "x-request-id"
@@ -105,7 +105,7 @@ class Metrics:
     ``prometheus_client.generate_latest(metrics.registry)`` or over HTTP with :meth:`serve`.
     """
 
-    def __init__(self, blob_store: BlobStore | None = None) -> None:
+    def __init__(self, blob_store: Blobs | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "remote_partitioner_requests", "RPCs finished, by method, partitioner and code.",
@@ -146,7 +146,7 @@ class Metrics:
         if blob_store is not None:
             self.bind_blob_store(blob_store)
 
-    def bind_blob_store(self, store: BlobStore) -> None:
+    def bind_blob_store(self, store: Blobs) -> None:
         """Report ``store``'s bytes and blob count (replacing any store bound before)."""
         self.blob_store_bytes.set_function(lambda: float(store.nbytes))
         self.blob_store_blobs.set_function(lambda: float(len(store)))

@@ -34,7 +34,13 @@ from remote_partitioner.proto.spec import spec_value
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server import hooks
-from remote_partitioner.server.blobstore import BlobError, BlobStore, DigestMismatch, check_digest
+from remote_partitioner.server.blobstore import (
+    BlobError,
+    Blobs,
+    BlobView,
+    DigestMismatch,
+    check_digest,
+)
 from remote_partitioner.server.registry import (
     InvalidSpecError,
     Registry,
@@ -121,7 +127,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     def __init__(
         self,
         registry: Registry,
-        blobs: BlobStore,
+        blobs: Blobs,
         limits: Limits | None = None,
         results: ResultCache | None = None,
     ) -> None:
@@ -180,7 +186,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         def commit() -> None:
             assert current is not None
             try:
-                self.blobs.put(current.hash, current.size_bytes, bytes(buf))
+                self.blobs.put(current.hash, current.size_bytes, buf)  # handed over, no copy
             except DigestMismatch as e:
                 abort(context, grpc.StatusCode.DATA_LOSS, Reason.DIGEST_MISMATCH, str(e),
                       {BLOB_DIGEST: current.hash})
@@ -371,7 +377,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, Reason.DEADLINE_PASSED,
                   "the deadline passed before the work could start")
 
-    def _blob(self, d: pb.Digest) -> bytes:
+    def _blob(self, d: pb.Digest) -> BlobView:
         data = self.blobs.get(d.hash)
         if data is None:
             raise codec.BlobMissing(d)
@@ -476,7 +482,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                       f"archive blob {request.archive.hash}/{request.archive.size_bytes} is "
                       "missing; upload it and call again", {BLOB_DIGEST: request.archive.hash})
             try:
-                programs = pt2.read_pt2(archive)
+                programs = pt2.read_pt2(memoryview(archive))
             except (ValueError, codec.CodecError) as e:
                 abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
                       f"the archive cannot be read: {e}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -35,16 +36,16 @@ def wait_serving(target: str, deadline: float) -> None:
     raise TimeoutError(f"server at {target} did not report SERVING in time")
 
 
-@pytest.fixture(scope="session")
-def server_process(
-    tmp_path_factory: pytest.TempPathFactory,
+@contextlib.contextmanager
+def _serve(
+    tmp_path_factory: pytest.TempPathFactory, *args: str
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`remote-partitioner serve` in its own process, on a free port of 127.0.0.1. Its log
+    """`remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1. Its log
     goes to a file (a pipe nobody reads would fill up and block the server)."""
     log = (tmp_path_factory.mktemp("server") / "server.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
-         "--address", "127.0.0.1:0"],
+         "--address", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
@@ -67,6 +68,24 @@ def server_process(
         proc.kill()
         proc.communicate()
     log.close()
+
+
+@pytest.fixture(scope="session")
+def server_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`remote-partitioner serve` with default settings, shared by the session."""
+    with _serve(tmp_path_factory) as served:
+        yield served
+
+
+@pytest.fixture(scope="session")
+def uncached_server_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A server whose result cache is off, so that every hook call runs the partitioner."""
+    with _serve(tmp_path_factory, "--result-cache-bytes", "0") as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

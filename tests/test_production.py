@@ -27,6 +27,7 @@ from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.app import SERVICE_NAME, create_server
+from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import Limits
 
 
@@ -40,7 +41,8 @@ class Server:
     """An in-process server with its stub; ``fails`` asserts a status and returns details."""
 
     def __init__(self, limits: Limits | None = None) -> None:
-        self.server, port = create_server("127.0.0.1:0", limits=limits)
+        # Result cache off: these tests need every hook call to run (and wait its turn).
+        self.server, port = create_server("127.0.0.1:0", limits=limits, result_cache=ResultCache(0))
         self.server.start()
         self.target = f"127.0.0.1:{port}"
         self.channel = grpc.insecure_channel(self.target)

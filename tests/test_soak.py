@@ -155,7 +155,8 @@ def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
-             "--address", "127.0.0.1:0", "--grace", str(GRACE_S)],
+             "--address", "127.0.0.1:0", "--grace", str(GRACE_S),
+             "--result-cache-bytes", "0"],  # the call in flight must really run
             stdout=subprocess.PIPE, stderr=log, text=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
@@ -240,11 +241,13 @@ def run_phase(run: SoakRun, partitioners: list[RemotePartitioner], limit: int) -
 
 @pytest.mark.timeout(WALL_CLOCK_CAP_S + 300)
 def test_soak_partition(
-    server_process: tuple[subprocess.Popen[str], str],
-    server_address: str,
+    uncached_server_process: tuple[subprocess.Popen[str], str],
     workload: Workload,
     record_property: Callable[[str, Any], None],
 ) -> None:
+    # Result cache off: every call decodes its program and runs the partitioner.
+    server_process = uncached_server_process
+    server_address = server_process[1]
     pid = server_process[0].pid
     start = time.monotonic()
     run = SoakRun(workload, deadline=start + WALL_CLOCK_CAP_S)
