@@ -43,6 +43,7 @@ import torch
 from conftest import wait_serving  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from models import small_models
 from torch.export import ExportedProgram
 
 from remote_partitioner.client import RemotePartitioner
@@ -170,42 +171,8 @@ def target_of(reps: list[Replica]) -> str:
 # Models
 
 
-class _Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class _Conv(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(x)) * 2.0
-
-
-class _AddMul(torch.nn.Module):
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return (x + y) * y - x
-
-
-def _models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
-    torch.manual_seed(0)
-    return {
-        "linear": (torch.nn.Linear(4, 4), (torch.randn(2, 4),)),
-        "mlp": (_Mlp(), (torch.randn(3, 8),)),
-        "conv": (_Conv(), (torch.randn(1, 3, 8, 8),)),
-        "add-mul": (_AddMul(), (torch.randn(2, 5), torch.randn(2, 5))),
-    }
-
-
 def _export(name: str) -> ExportedProgram:
-    model, inputs = _models()[name]
+    model, inputs = small_models()[name]
     return torch.export.export(model.eval(), inputs, strict=True)
 
 
@@ -213,7 +180,7 @@ def _export(name: str) -> ExportedProgram:
 def expected() -> dict[str, bytes]:
     """The local XNNPACK lowering's ``.pte`` of each model."""
     out = {}
-    for name in _models():
+    for name in small_models():
         lowered = to_edge_transform_and_lower(_export(name), partitioner=[XnnpackPartitioner()])
         out[name] = lowered.to_executorch().buffer
     return out
@@ -310,7 +277,7 @@ class Run:
 
 def _lowerings() -> queue.Queue[tuple[int, str, ExportedProgram]]:
     """LOWERINGS programs (the models in turn), exported here: export is not thread-safe."""
-    names = list(_models())
+    names = list(small_models())
     todo: queue.Queue[tuple[int, str, ExportedProgram]] = queue.Queue()
     for i in range(LOWERINGS):
         todo.put((i, names[i % len(names)], _export(names[i % len(names)])))

@@ -33,6 +33,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir import to_edge
 from executorch.exir.backend.partitioner import PartitionResult
 from executorch.exir.program._fake_program import get_fake_program
+from models import small_models
 from torch.export import ExportedProgram
 
 from remote_partitioner.client import RemotePartitioner
@@ -69,41 +70,10 @@ def answer_of(result: PartitionResult) -> Answer:
 # Small programs
 
 
-class _Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class _Conv(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(x)) * 2.0
-
-
-class _AddMul(torch.nn.Module):
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return (x + y) * y - x
-
-
 def _small_programs() -> dict[str, ExportedProgram]:
-    torch.manual_seed(0)
-    models: dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]] = {
-        "linear": (torch.nn.Linear(4, 4), (torch.randn(2, 4),)),
-        "mlp": (_Mlp(), (torch.randn(3, 8),)),
-        "conv": (_Conv(), (torch.randn(1, 3, 8, 8),)),
-        "add-mul": (_AddMul(), (torch.randn(2, 5), torch.randn(2, 5))),
-    }
     return {
         name: to_edge(torch.export.export(model.eval(), inputs, strict=True)).exported_program()
-        for name, (model, inputs) in models.items()
+        for name, (model, inputs) in small_models().items()
     }
 
 
