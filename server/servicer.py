@@ -428,11 +428,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         if d.size_bytes > self.limits.max_graph_bytes:
             self._limit(context, "program_digest", f"the program message declares "
                         f"{d.size_bytes} bytes", self.limits.max_graph_bytes)
-        data = self.blobs.get(d.hash)
-        if data is None or len(data) != d.size_bytes:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
-                  f"program blob {d.hash}/{d.size_bytes} is missing; upload it and call again",
-                  {BLOB_DIGEST: d.hash})
+        data = self._required_blob(d, "program", context)
         program = pb.Program()
         try:
             program.ParseFromString(bytes(data))
@@ -440,6 +436,17 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_PROGRAM,
                   f"blob {d.hash} is not a Program message: {e}")
         return program
+
+    def _required_blob(
+        self, d: pb.Digest, what: str, context: grpc.ServicerContext
+    ) -> BlobView:
+        """The blob a request names directly, or FAILED_PRECONDITION / BLOB_MISSING."""
+        data = self.blobs.get(d.hash)
+        if data is None or len(data) != d.size_bytes:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
+                  f"{what} blob {d.hash}/{d.size_bytes} is missing; upload it and call again",
+                  {BLOB_DIGEST: d.hash})
+        return data
 
     def _held(self, digests: Iterable[pb.Digest]) -> bool:
         return all(self.blobs.has(d.hash, d.size_bytes) for d in digests)
@@ -476,11 +483,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         partitioners = [self._partitioner(ref, context) for ref in request.partitioners]
         self._check_digest(request.archive, context, "archive")
         with self._turn(context):
-            archive = self.blobs.get(request.archive.hash)
-            if archive is None or len(archive) != request.archive.size_bytes:
-                abort(context, grpc.StatusCode.FAILED_PRECONDITION, Reason.BLOB_MISSING,
-                      f"archive blob {request.archive.hash}/{request.archive.size_bytes} is "
-                      "missing; upload it and call again", {BLOB_DIGEST: request.archive.hash})
+            archive = self._required_blob(request.archive, "archive", context)
             try:
                 programs = pt2.read_pt2(memoryview(archive))
             except (ValueError, codec.CodecError) as e:
