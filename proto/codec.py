@@ -561,8 +561,8 @@ def _serialize_aten(ep: ExportedProgram, encoder: _Encoder) -> bytes:
 
     This is ``ExportedProgramSerializer.serialize`` without two steps whose results it throws
     away: the ``canonicalize`` self-check (a deep copy of the whole schema object, half the
-    time) and pickling. The bytes are the same but for ``from_node`` graph ids, made canonical
-    (``tests/test_codec.py`` compares them).
+    time) and pickling. The bytes are the same but for the process-local ids that
+    :meth:`_Encoder.canonical_graph_ids` renumbers (``tests/test_codec.py`` compares them).
     """
     from torch._export.non_strict_utils import _enable_graph_inputs_of_type_nn_module
     from torch._export.serde import schema
