@@ -1,37 +1,113 @@
-"""Error vocabulary of the v1 contract: the ``google.rpc.ErrorInfo`` domain and reasons.
+"""Error vocabulary of the v1 contract: the ``google.rpc.ErrorInfo`` domain, the reasons, the
+one table from reason to gRPC status code, and the typed error the server's plain-Python layer
+raises.
 
 Both sides import this module: the server to attach ``ErrorInfo`` to a ``google.rpc.Status``,
-the client to read it back. Reasons are stable strings; clients may switch on them.
+the client to read it back. Reasons are stable strings; clients may switch on them. Each reason
+is sent with exactly one status code, :data:`STATUS_CODES`; the servicer, the interceptors and
+the tests all read that table, so it is the one place the mapping is written.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import grpc
 
 DOMAIN = "remote-partitioner"
 
 
 class Reason(str, enum.Enum):
-    """The ``ErrorInfo.reason`` values the service sends, with their gRPC codes in comments."""
+    """The ``ErrorInfo.reason`` values the service sends (codes: :data:`STATUS_CODES`)."""
 
-    INVALID_DIGEST = "INVALID_DIGEST"  # INVALID_ARGUMENT
-    BAD_CHUNK = "BAD_CHUNK"  # INVALID_ARGUMENT
-    DIGEST_MISMATCH = "DIGEST_MISMATCH"  # DATA_LOSS
-    INCOMPLETE_BLOB = "INCOMPLETE_BLOB"  # DATA_LOSS
-    BLOB_NOT_FOUND = "BLOB_NOT_FOUND"  # NOT_FOUND
-    UNKNOWN_PARTITIONER = "UNKNOWN_PARTITIONER"  # NOT_FOUND
-    INVALID_SPEC = "INVALID_SPEC"  # INVALID_ARGUMENT
-    INVALID_PROGRAM = "INVALID_PROGRAM"  # INVALID_ARGUMENT
-    PARTITIONER_RAISED = "PARTITIONER_RAISED"  # INVALID_ARGUMENT
-    BLOB_MISSING = "BLOB_MISSING"  # FAILED_PRECONDITION
-    FINGERPRINT_MISMATCH = "FINGERPRINT_MISMATCH"  # FAILED_PRECONDITION
-    SIZE_MISMATCH = "SIZE_MISMATCH"  # DATA_LOSS
-    UNREPRESENTABLE_RESULT = "UNREPRESENTABLE_RESULT"  # INTERNAL
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # UNAUTHENTICATED
-    PERMISSION_DENIED = "PERMISSION_DENIED"  # PERMISSION_DENIED
-    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"  # RESOURCE_EXHAUSTED (a configured bound; retrying fails)
-    OVERLOADED = "OVERLOADED"  # RESOURCE_EXHAUSTED (too many calls now; RetryInfo says when)
-    DEADLINE_PASSED = "DEADLINE_PASSED"  # DEADLINE_EXCEEDED (the work was not started)
+    INVALID_DIGEST = "INVALID_DIGEST"
+    BAD_CHUNK = "BAD_CHUNK"
+    DIGEST_MISMATCH = "DIGEST_MISMATCH"
+    INCOMPLETE_BLOB = "INCOMPLETE_BLOB"
+    BLOB_NOT_FOUND = "BLOB_NOT_FOUND"
+    UNKNOWN_PARTITIONER = "UNKNOWN_PARTITIONER"
+    INVALID_SPEC = "INVALID_SPEC"
+    INVALID_PROGRAM = "INVALID_PROGRAM"
+    PARTITIONER_RAISED = "PARTITIONER_RAISED"
+    BLOB_MISSING = "BLOB_MISSING"
+    FINGERPRINT_MISMATCH = "FINGERPRINT_MISMATCH"
+    SIZE_MISMATCH = "SIZE_MISMATCH"
+    UNREPRESENTABLE_RESULT = "UNREPRESENTABLE_RESULT"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    #: A configured bound on one request; retrying the same request fails again.
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    #: Too much work in progress now; a ``RetryInfo`` says when to try again.
+    OVERLOADED = "OVERLOADED"
+    #: The call's deadline passed before its work started.
+    DEADLINE_PASSED = "DEADLINE_PASSED"
+    #: A stream sent or took no message for longer than the server allows; it was cancelled
+    #: and its partial blob discarded.
+    STREAM_IDLE = "STREAM_IDLE"
+
+
+_C = grpc.StatusCode
+
+#: The status code each reason is sent with; one code per reason.
+STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
+    {
+        Reason.INVALID_DIGEST: _C.INVALID_ARGUMENT,
+        Reason.BAD_CHUNK: _C.INVALID_ARGUMENT,
+        Reason.DIGEST_MISMATCH: _C.DATA_LOSS,
+        Reason.INCOMPLETE_BLOB: _C.DATA_LOSS,
+        Reason.BLOB_NOT_FOUND: _C.NOT_FOUND,
+        Reason.UNKNOWN_PARTITIONER: _C.NOT_FOUND,
+        Reason.INVALID_SPEC: _C.INVALID_ARGUMENT,
+        Reason.INVALID_PROGRAM: _C.INVALID_ARGUMENT,
+        Reason.PARTITIONER_RAISED: _C.INVALID_ARGUMENT,
+        Reason.BLOB_MISSING: _C.FAILED_PRECONDITION,
+        Reason.FINGERPRINT_MISMATCH: _C.FAILED_PRECONDITION,
+        Reason.SIZE_MISMATCH: _C.DATA_LOSS,
+        Reason.UNREPRESENTABLE_RESULT: _C.INTERNAL,
+        Reason.UNAUTHENTICATED: _C.UNAUTHENTICATED,
+        Reason.PERMISSION_DENIED: _C.PERMISSION_DENIED,
+        Reason.LIMIT_EXCEEDED: _C.RESOURCE_EXHAUSTED,
+        Reason.OVERLOADED: _C.RESOURCE_EXHAUSTED,
+        Reason.DEADLINE_PASSED: _C.DEADLINE_EXCEEDED,
+        Reason.STREAM_IDLE: _C.DEADLINE_EXCEEDED,
+    }
+)
+
+
+class ServiceError(Exception):
+    """A request the service refuses, in plain Python: the server's logic raises it and the
+    servicer turns it into a ``google.rpc.Status`` (code from :data:`STATUS_CODES`).
+
+    Attributes:
+        reason: the ``ErrorInfo.reason``.
+        message: the status message (a person reads it; it names what was wrong).
+        info: ``ErrorInfo.metadata`` (see the keys below).
+        field: when set, a ``BadRequest`` field violation names this request field.
+        retry_after: when set, a ``RetryInfo`` asks the client to wait this many seconds.
+    """
+
+    def __init__(
+        self,
+        reason: Reason,
+        message: str,
+        info: Mapping[str, str] | None = None,
+        *,
+        field: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.info: dict[str, str] = dict(info or {})
+        self.field = field
+        self.retry_after = retry_after
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        """The status code this error is sent with."""
+        return STATUS_CODES[self.reason]
 
 
 # ErrorInfo.metadata keys of PARTITIONER_RAISED.

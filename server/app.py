@@ -1,10 +1,17 @@
 """Builds the gRPC server: the partitioning service, ``grpc.health.v1`` and server reflection
-on one port."""
+on one port, served by ``grpc.aio`` on an event loop of its own.
+
+:func:`create_server` returns a :class:`Server`, whose blocking methods (``start``, ``stop``,
+``wait_for_termination``) mirror ``grpc.Server``'s, so that a command line, a test or an
+embedding program drives it from ordinary threads while every RPC's I/O runs on the loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent import futures
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -13,9 +20,10 @@ from grpc_reflection.v1alpha import reflection
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.blobstore import Blobs, BlobStore
+from remote_partitioner.server.instance import PartitionerInstance, versions_key
 from remote_partitioner.server.registry import Registry, default_registry
 from remote_partitioner.server.results import ResultCache
-from remote_partitioner.server.servicer import RemotePartitionerServicer, server_versions
+from remote_partitioner.server.servicer import RemotePartitionerServicer
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePartitioner"].full_name
@@ -36,10 +44,100 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 
+_T = TypeVar("_T")
+#: Seconds the blocking methods wait for the loop to do something quick (bind, start).
+_LOOP_TIMEOUT = 60.0
 
-def versions_key() -> str:
-    """This server's versions, as the result cache keys on them."""
-    return server_versions().SerializeToString(deterministic=True).hex()
+
+class Server:
+    """A ``grpc.aio`` server on an event loop running in a daemon thread of its own.
+
+    Attributes:
+        servicer: the RemotePartitioner servicer (its ``instance`` holds the logic).
+        health: the ``grpc.health.v1`` servicer (asyncio; use :meth:`set_health`).
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="grpc-aio", daemon=True)
+        self._thread.start()
+        self._stopped = threading.Event()
+        self._stopping = False
+        self._server: grpc.aio.Server | None = None
+        self.servicer: RemotePartitionerServicer | None = None
+        self.health: health.aio.HealthServicer | None = None
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Awaitable[_T], timeout: float | None = _LOOP_TIMEOUT) -> _T:
+        """Run ``coro`` on the server's loop and wait for its result (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def bind(self, build: Callable[[], Awaitable[tuple[grpc.aio.Server, int]]]) -> int:
+        """Run ``build`` on the loop: it creates the ``grpc.aio`` server (which must be
+        created on its loop) and binds its port; return the port.
+
+        Raises:
+            RuntimeError: ``build`` failed or bound no port (the loop is stopped).
+        """
+        async def adopt() -> int:
+            self._server, port = await build()
+            return port
+
+        try:
+            port = self.run(adopt())
+        except Exception as e:
+            self.stop(None).wait(_LOOP_TIMEOUT)
+            raise RuntimeError(f"cannot start the server: {e}") from e
+        if port == 0:
+            self.stop(None).wait(_LOOP_TIMEOUT)
+            raise RuntimeError("cannot bind the server's address")
+        return port
+
+    def start(self) -> None:
+        """Start serving."""
+        assert self._server is not None
+        self.run(self._server.start())
+
+    def set_health(
+        self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus
+    ) -> None:
+        """Set the health status of ``service`` ("" for the whole server)."""
+        assert self.health is not None
+        self.run(self.health.set(service, status))
+
+    def enter_graceful_shutdown(self) -> None:
+        """Health turns NOT_SERVING for every service, for good (probes see it at once)."""
+        assert self.health is not None
+        self.run(self.health.enter_graceful_shutdown())
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop accepting calls; calls in flight get ``grace`` seconds (None: none) to finish.
+        Returns an event set once the server has stopped and its loop has ended."""
+        if self._stopping:
+            return self._stopped
+        self._stopping = True
+
+        async def stop() -> None:
+            try:
+                if self._server is not None:
+                    await self._server.stop(grace)
+            finally:
+                if self.servicer is not None:
+                    self.servicer.shutdown()
+                self.loop.call_soon(self.loop.stop)
+
+        def done(_: object) -> None:
+            self._stopped.set()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).add_done_callback(done)
+        return self._stopped
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped (True) or ``timeout`` passed (False)."""
+        return self._stopped.wait(timeout)
 
 
 def create_server(
@@ -49,46 +147,60 @@ def create_server(
     blob_store: Blobs | None = None,
     limits: Limits | None = None,
     result_cache: ResultCache | None = None,
-    max_workers: int = 8,
-    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    io_threads: int = 4,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
-    health_servicer: health.HealthServicer | None = None,
-) -> tuple[grpc.Server, int]:
+) -> tuple[Server, int]:
     """Create (not start) a server for the service on ``address``; return it and its port.
 
     ``address`` is ``HOST:PORT``; port 0 picks a free port, which is returned. With
-    ``credentials`` the port serves TLS; ``interceptors`` run on every call. The same port
-    serves ``grpc.health.v1`` (SERVING for the overall server "" and for
-    ``remote_partitioner.v1.RemotePartitioner``; pass ``health_servicer`` to change that later,
-    e.g. NOT_SERVING on shutdown) and server reflection listing every service. Hook responses
-    are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns it off).
+    ``credentials`` the port serves TLS; ``interceptors`` (``grpc.aio.ServerInterceptor``) run
+    on every call. The same port serves ``grpc.health.v1`` (SERVING for the overall server ""
+    and for ``remote_partitioner.v1.RemotePartitioner``; see :meth:`Server.set_health` and
+    :meth:`Server.enter_graceful_shutdown`) and server reflection listing every service. Hook
+    responses are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns
+    it off). ``io_threads`` threads hash, store and read blobs.
 
     Raises:
         RuntimeError: the address cannot be bound.
     """
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=SERVER_OPTIONS,
-        interceptors=list(interceptors),
-    )
-    servicer = RemotePartitionerServicer(
+    instance = PartitionerInstance(
         registry if registry is not None else default_registry(),
         blob_store if blob_store is not None else BlobStore(),
         limits,
         result_cache if result_cache is not None else ResultCache(versions=versions_key()),
     )
-    pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
-    health_servicer = health_servicer or health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    if credentials is not None:
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"cannot bind {address}")
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    handle = Server()
+
+    async def build() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+        servicer = RemotePartitionerServicer(instance, io_threads=io_threads)
+        pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        handle.servicer, handle.health = servicer, health_servicer
+        return server, port
+
+    try:
+        return handle, handle.bind(build)
+    except RuntimeError as e:
+        raise RuntimeError(f"cannot bind {address}: {e}") from e
+
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "SERVER_OPTIONS",
+    "SERVICE_NAME",
+    "Server",
+    "create_server",
+    "versions_key",
+]

@@ -18,13 +18,13 @@ import hmac
 import ipaddress
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from os import PathLike
 from typing import Any
 
 import grpc
 
-from remote_partitioner.proto.errors import Reason
+from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.server.status import make_status
 
 logger = logging.getLogger(__name__)
@@ -41,10 +41,6 @@ OPEN_METHODS: frozenset[str] = frozenset(
     }
 )
 
-#: ``ErrorInfo.reason`` of a call without a well-formed ``authorization: Bearer <token>``.
-REASON_UNAUTHENTICATED = Reason.UNAUTHENTICATED.value
-#: ``ErrorInfo.reason`` of a call whose bearer token is not one of the accepted tokens.
-REASON_PERMISSION_DENIED = Reason.PERMISSION_DENIED.value
 
 # A token is one or more visible ASCII characters (what gRPC metadata can carry, no spaces).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -92,7 +88,7 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     """Admits a call only if it carries ``authorization: Bearer <token>`` with a known token.
 
     Calls to ``open_methods`` (by default :data:`OPEN_METHODS`: health checking and
@@ -142,33 +138,32 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
                 if not values
                 else "exactly one authorization metadata entry is allowed"
             )
-            return make_status(grpc.StatusCode.UNAUTHENTICATED, REASON_UNAUTHENTICATED, message)
+            return make_status(ServiceError(Reason.UNAUTHENTICATED, message))
         match = _BEARER.fullmatch(values[0].strip())
         if match is None:
-            return make_status(
-                grpc.StatusCode.UNAUTHENTICATED,
-                REASON_UNAUTHENTICATED,
+            return make_status(ServiceError(
+                Reason.UNAUTHENTICATED,
                 "malformed authorization metadata: expected 'Bearer <token>'",
-            )
+            ))
         if not self._known(match.group(1)):
-            return make_status(
-                grpc.StatusCode.PERMISSION_DENIED,
-                REASON_PERMISSION_DENIED,
-                "the bearer token is not accepted by this server",
-            )
+            return make_status(ServiceError(
+                Reason.PERMISSION_DENIED, "the bearer token is not accepted by this server"
+            ))
         return None
 
-    def intercept_service(
+    async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if method in self.open_methods:
-            return continuation(handler_call_details)
+            return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()  # type: ignore[attr-defined]
         rejection = self.check(metadata)
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if rejection is None:
             return handler
         return _rejecting_handler(handler, method, rejection)
@@ -180,11 +175,11 @@ def _rejecting_handler(
     """A handler of ``handler``'s kind (unary-unary if unknown) that ends the call with
     ``status``; it takes the request as raw bytes, so nothing is deserialized."""
 
-    def reject(_request: Any, context: grpc.ServicerContext) -> Any:
+    async def reject(_request: Any, context: grpc.aio.ServicerContext) -> Any:
         logger.warning(
             "rejected %s from %s: %s", method, context.peer(), status.code.name  # type: ignore[attr-defined]
         )
-        context.abort_with_status(status)
+        await context.abort_with_status(status)
         raise AssertionError("abort_with_status returned")  # pragma: no cover
 
     request_streaming = bool(handler is not None and handler.request_streaming)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health
 
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
@@ -23,7 +22,7 @@ EXIT_USAGE = 2
 
 def _security(
     args: argparse.Namespace, parser: argparse.ArgumentParser
-) -> tuple[grpc.ServerCredentials | None, list[grpc.ServerInterceptor]]:
+) -> tuple[grpc.ServerCredentials | None, list[grpc.aio.ServerInterceptor]]:
     """TLS credentials and the token interceptor the flags ask for; refuse what is unsafe."""
     from remote_partitioner.server.auth import (
         BearerTokenInterceptor,
@@ -49,7 +48,7 @@ def _security(
             if args.tls_cert
             else None
         )
-        interceptors: list[grpc.ServerInterceptor] = (
+        interceptors: list[grpc.aio.ServerInterceptor] = (
             [BearerTokenInterceptor(load_tokens(args.token_file))] if args.token_file else []
         )
     except ValueError as e:
@@ -62,8 +61,9 @@ def _security(
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from remote_partitioner.server.app import create_server, versions_key
+    from remote_partitioner.server.app import create_server
     from remote_partitioner.server.blobstore import open_blob_store
+    from remote_partitioner.server.instance import versions_key
     from remote_partitioner.server.observability import (
         Metrics,
         ObservabilityInterceptor,
@@ -81,20 +81,22 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         max_program_bytes=args.max_program_bytes,
         max_nodes=args.max_nodes,
         max_concurrent_hooks=args.max_concurrent,
+        max_inflight_bytes=args.max_inflight_bytes,
+        stream_idle_seconds=args.stream_idle_seconds,
     )
     registry = default_registry(plugins=not args.no_plugins)
     # Observability outermost, so that it also counts calls the token check refuses.
     interceptors = [
         ObservabilityInterceptor(metrics, known_partitioners=registry.names()), *interceptors
     ]
-    health_servicer = health.HealthServicer()
     server, port = create_server(
         args.address, registry=registry, blob_store=store, limits=limits,
         result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
-        max_workers=args.threads, interceptors=interceptors, credentials=credentials,
-        health_servicer=health_servicer,
+        io_threads=args.threads, interceptors=interceptors, credentials=credentials,
     )
     if metrics is not None:
+        assert server.servicer is not None
+        metrics.bind_server(server.servicer.streams)
         metrics_port = metrics.serve(args.metrics_port, args.metrics_address)
         logger.warning("metrics on http://%s:%d/metrics", args.metrics_address, metrics_port)
     stop = threading.Event()
@@ -113,7 +115,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     stop.wait()
     # Probes see NOT_SERVING at once; calls in flight get --grace seconds to finish.
-    health_servicer.enter_graceful_shutdown()
+    server.enter_graceful_shutdown()
     logger.warning("shutting down: in-flight calls have %.0f s to finish", args.grace)
     server.stop(args.grace).wait()
     if metrics is not None:
@@ -137,7 +139,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve = sub.add_parser("serve", help="run the server")
     serve.add_argument("--address", default=DEFAULT_ADDRESS,
                        help=f"HOST:PORT to listen on (default {DEFAULT_ADDRESS}; port 0 = any)")
-    serve.add_argument("--threads", type=int, default=8, help="RPC threads (default 8)")
+    serve.add_argument("--threads", type=_positive, default=4,
+                       help="threads that hash, store and read blobs; RPC I/O itself runs on "
+                       "one event loop, hooks on --max-concurrent threads (default 4)")
     serve.add_argument("--workers", type=_positive, default=1,
                        help="server processes sharing the port (SO_REUSEPORT), one core each; "
                        "with more than 1 they share the blob store in --blob-dir, or in a "
@@ -174,9 +178,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         help="largest program (all its blobs)")
     limits.add_argument("--max-nodes", type=int, default=defaults.max_nodes,
                         help="most nodes in one program")
-    limits.add_argument("--max-concurrent", type=int, default=defaults.max_concurrent_hooks,
+    limits.add_argument("--max-concurrent", type=_positive,
+                        default=defaults.max_concurrent_hooks,
                         help="hook calls admitted at once; beyond, RESOURCE_EXHAUSTED with "
                         "RetryInfo")
+    limits.add_argument("--max-inflight-bytes", type=_positive,
+                        default=defaults.max_inflight_bytes,
+                        help="upload bytes in flight at once (declared blob sizes); a new blob "
+                        "beyond, unless alone, gets RESOURCE_EXHAUSTED with RetryInfo "
+                        f"(default {defaults.max_inflight_bytes})")
+    limits.add_argument("--stream-idle-seconds", type=float,
+                        default=defaults.stream_idle_seconds,
+                        help="cancel a stream with no message either way for this long "
+                        f"(DEADLINE_EXCEEDED; default {defaults.stream_idle_seconds:g})")
     ops = serve.add_argument_group("observability")
     ops.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (0 = any; default: off)")

@@ -5,7 +5,7 @@ Three pieces, none of which changes what a call answers:
 - :class:`Metrics` owns a private ``prometheus_client.CollectorRegistry`` (never the global one,
   so several servers can live in one process) holding the service's metrics, and can expose it
   over HTTP (:meth:`Metrics.serve`).
-- :class:`ObservabilityInterceptor`, a ``grpc.ServerInterceptor``, wraps every handler (all four
+- :class:`ObservabilityInterceptor`, a ``grpc.aio.ServerInterceptor``, wraps every handler (all four
   kinds) to count calls, time them, sum message sizes, track calls in flight and the blob
   cache's hits and misses, give each call a request id and log one access line per call.
 - :func:`configure_logging` sets up process logging with the request id in every line.
@@ -37,16 +37,18 @@ name that is not 1 to 64 characters of ``[a-z0-9_.-]`` (or, when the interceptor
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import logging
 import re
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -84,6 +86,16 @@ _OWNED_HANDLER = "_remote_partitioner_observability"
 # ---------------------------------------------------------------------------------- metrics
 
 
+class StreamGauges(Protocol):
+    """What :meth:`Metrics.bind_server` reads: the servicer's stream counts."""
+
+    @property
+    def open_streams(self) -> int: ...
+
+    @property
+    def inflight_bytes(self) -> int: ...
+
+
 class Metrics:
     """The service's Prometheus metrics, in a registry of their own.
 
@@ -100,6 +112,10 @@ class Metrics:
       held (``hit``) or lacked (``miss``).
     - ``remote_partitioner_blob_store_bytes`` / ``remote_partitioner_blob_store_blobs``: the
       bound blob store's size, read at scrape time (0 while none is bound).
+    - ``remote_partitioner_open_streams``: streaming calls open now (uploads, blob reads,
+      lowerings sending their ``.pte``), and ``remote_partitioner_inflight_upload_bytes``: the
+      declared bytes of the blobs being uploaded now; both read at scrape time from the
+      server bound with :meth:`bind_server` (0 while none is bound).
 
     Thread-safe. ``registry`` is the ``CollectorRegistry``; scrape it with
     ``prometheus_client.generate_latest(metrics.registry)`` or over HTTP with :meth:`serve`.
@@ -140,6 +156,14 @@ class Metrics:
             "remote_partitioner_blob_store_blobs", "Blobs held by the blob store.",
             registry=self.registry,
         )
+        self.open_streams = Gauge(
+            "remote_partitioner_open_streams", "Streaming calls open now.",
+            registry=self.registry,
+        )
+        self.inflight_upload_bytes = Gauge(
+            "remote_partitioner_inflight_upload_bytes",
+            "Declared bytes of the blobs being uploaded now.", registry=self.registry,
+        )
         self._http: Any = None
         self._http_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -150,6 +174,12 @@ class Metrics:
         """Report ``store``'s bytes and blob count (replacing any store bound before)."""
         self.blob_store_bytes.set_function(lambda: float(store.nbytes))
         self.blob_store_blobs.set_function(lambda: float(len(store)))
+
+    def bind_server(self, stats: StreamGauges) -> None:
+        """Report ``stats``' open streams and upload bytes in flight (replacing any bound
+        before)."""
+        self.open_streams.set_function(lambda: float(stats.open_streams))
+        self.inflight_upload_bytes.set_function(lambda: float(stats.inflight_bytes))
 
     def observe_call(
         self, rpc: str, partitioner: str, code: grpc.StatusCode, seconds: float,
@@ -287,14 +317,18 @@ class _Call:
     announce: bool = True
 
 
-def _final_code(context: grpc.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
+def _final_code(
+    context: grpc.aio.ServicerContext, error: BaseException | None
+) -> grpc.StatusCode:
     """The status gRPC sends for a call whose handler ended with ``error`` (None: returned)."""
-    code_of = getattr(context, "code", None)
-    code = code_of() if callable(code_of) else None
-    if isinstance(code, grpc.StatusCode) and not (error is not None and
-                                                  code is grpc.StatusCode.OK):
+    code = context.code()
+    if isinstance(code, int) and not isinstance(code, grpc.StatusCode):
+        code = _CODES.get(code)
+    if isinstance(code, grpc.StatusCode) and not (
+        error is not None and code is grpc.StatusCode.OK
+    ):
         return code
-    if not context.is_active() or isinstance(error, GeneratorExit):
+    if context.cancelled() or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             return grpc.StatusCode.DEADLINE_EXCEEDED
@@ -302,7 +336,26 @@ def _final_code(context: grpc.ServicerContext, error: BaseException | None) -> g
     return grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
 
 
-class ObservabilityInterceptor(grpc.ServerInterceptor):
+#: grpc.aio reports a code set by abort as the core's integer; by value.
+_CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class _CountingContext:
+    """A call's context that counts the bytes of the messages the handler writes."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, call: _Call) -> None:
+        self._context = context
+        self._call = call
+
+    async def write(self, message: Any) -> None:
+        self._call.sent += _size(message)
+        await self._context.write(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
     """Metrics, request ids and access logging for every call (see the module docstring).
 
     Args:
@@ -314,7 +367,9 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
             ``other`` (bounds label cardinality against clients sending arbitrary names).
 
     Put it first in the server's interceptor list so that it also sees calls that later
-    interceptors (e.g. authentication) reject. It never changes a call's outcome.
+    interceptors (e.g. authentication) reject. It never changes a call's outcome. Handlers are
+    ``grpc.aio`` handlers: coroutine functions, or async generator functions for responses
+    that stream by ``yield``.
     """
 
     def __init__(
@@ -332,44 +387,31 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
 
     # -- plumbing
 
-    def intercept_service(
+    async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        rpc, hook = _rpc_label(handler_call_details.method)
-        deserializer = handler.request_deserializer
-        serializer = handler.response_serializer
-        if handler.request_streaming and handler.response_streaming:
-            if handler.stream_stream is None:
-                return handler
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream_stream(rpc, hook, handler.stream_stream),
-                request_deserializer=deserializer, response_serializer=serializer,
-            )
-        if handler.request_streaming:
-            if handler.stream_unary is None:
-                return handler
-            return grpc.stream_unary_rpc_method_handler(
-                self._wrap_stream_unary(rpc, hook, handler.stream_unary),
-                request_deserializer=deserializer, response_serializer=serializer,
-            )
-        if handler.response_streaming:
-            if handler.unary_stream is None:
-                return handler
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_unary_stream(rpc, hook, handler.unary_stream),
-                request_deserializer=deserializer, response_serializer=serializer,
-            )
-        if handler.unary_unary is None:
-            return handler
-        return grpc.unary_unary_rpc_method_handler(
-            self._wrap_unary_unary(rpc, hook, handler.unary_unary),
-            request_deserializer=deserializer, response_serializer=serializer,
-        )
+        rpc, hook = _rpc_label(handler_call_details.method)  # type: ignore[attr-defined]
+        kinds: list[tuple[Any, Callable[..., Any], bool]] = [
+            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, False),
+            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, False),
+            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, True),
+            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, True),
+        ]
+        for behavior, make, streaming_in in kinds:
+            if behavior is not None:
+                return make(  # type: ignore[no-any-return]
+                    self._wrap(rpc, hook, behavior, streaming_in),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        return handler
 
     def partitioner_label(self, name: str) -> str:
         """The ``partitioner`` label for a requested partitioner name."""
@@ -379,7 +421,7 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
             return OTHER
         return name
 
-    def _begin(self, call: _Call, context: grpc.ServicerContext) -> None:
+    def _begin(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
         """Count the call in flight and settle its request id (raises nothing). Inside another
         ObservabilityInterceptor (one already bound REQUEST_ID), reuse its id and send none."""
         if self.metrics is not None:
@@ -388,11 +430,10 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
         call.announce = outer is None
         call.request_id = outer or request_id_from_metadata(context.invocation_metadata())
 
-    def _announce(self, call: _Call, context: grpc.ServicerContext) -> None:
-        """Send the request id as initial metadata (raises ``grpc.RpcError`` when the client
-        has already cancelled the call)."""
+    async def _announce(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
+        """Send the request id as initial metadata."""
         if call.announce:
-            context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
+            await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
 
     def _note_request(self, call: _Call, request: Any) -> None:
         call.received += _size(request)
@@ -409,7 +450,7 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
                 self.metrics.observe_cache(len(digests) - len(missing), len(missing))
 
     def _finish(
-        self, call: _Call, context: grpc.ServicerContext, error: BaseException | None
+        self, call: _Call, context: grpc.aio.ServicerContext, error: BaseException | None
     ) -> None:
         seconds = time.perf_counter() - call.start
         code = _final_code(context, error)
@@ -424,44 +465,57 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
             call.sent, call.request_id, extra={"request_id": call.request_id},
         )
 
-    # -- the four handler kinds
+    # -- every handler kind
 
-    def _wrap_unary_unary(
-        self, rpc: str, hook: bool, behavior: Callable[[Any, grpc.ServicerContext], Any]
-    ) -> Callable[[Any, grpc.ServicerContext], Any]:
-        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+    def _wrap(
+        self, rpc: str, hook: bool, behavior: Callable[..., Any], streaming_in: bool
+    ) -> Callable[..., Any]:
+        """``behavior`` wrapped, of the same kind: an async generator function stays one (its
+        responses are counted as they pass), a coroutine function stays one (the messages it
+        writes with ``context.write`` are counted). A streamed request is counted message by
+        message. Each call runs in a task of its own, so the request id bound here is seen by
+        the handler and by nothing else."""
+
+        def prepare(
+            request: Any, context: grpc.aio.ServicerContext
+        ) -> tuple[_Call, Any, Any, contextvars.Token[str | None]]:
             call = _Call(rpc, hook)
             self._begin(call, context)
-            token = REQUEST_ID.set(call.request_id)
-            error: BaseException | None = None
-            try:
+            if streaming_in:
+                request = self._counted(call, request)
+            else:
                 self._note_request(call, request)
-                self._announce(call, context)
-                response = behavior(request, context)
-                self._note_response(call, request, response)
-                return response
-            except BaseException as e:
-                error = e
-                raise
-            finally:
-                REQUEST_ID.reset(token)
-                self._finish(call, context, error)
+            return call, request, _CountingContext(context, call), REQUEST_ID.set(call.request_id)
 
-        return wrapped
+        if inspect.isasyncgenfunction(behavior):
 
-    def _wrap_stream_unary(
-        self, rpc: str, hook: bool,
-        behavior: Callable[[Iterator[Any], grpc.ServicerContext], Any],
-    ) -> Callable[[Iterator[Any], grpc.ServicerContext], Any]:
-        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            call = _Call(rpc, hook)
-            self._begin(call, context)
-            token = REQUEST_ID.set(call.request_id)
+            async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                call, request, counting, token = prepare(request, context)
+                error: BaseException | None = None
+                try:
+                    await self._announce(call, context)
+                    async for response in behavior(request, counting):
+                        call.sent += _size(response)
+                        yield response
+                except BaseException as e:
+                    error = e
+                    raise
+                finally:
+                    REQUEST_ID.reset(token)
+                    self._finish(call, context, error)
+
+            return streamed
+
+        async def awaited(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call, request, counting, token = prepare(request, context)
             error: BaseException | None = None
             try:
-                self._announce(call, context)
-                response = behavior(self._counted(call, requests), context)
-                self._note_response(call, None, response)
+                await self._announce(call, context)
+                response = behavior(request, counting)
+                if inspect.isawaitable(response):
+                    response = await response
+                if response is not None:
+                    self._note_response(call, request, response)
                 return response
             except BaseException as e:
                 error = e
@@ -470,77 +524,12 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
                 REQUEST_ID.reset(token)
                 self._finish(call, context, error)
 
-        return wrapped
+        return awaited
 
-    def _wrap_unary_stream(
-        self, rpc: str, hook: bool,
-        behavior: Callable[[Any, grpc.ServicerContext], Iterable[Any]],
-    ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
-        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            call = _Call(rpc, hook)
-            self._note_request(call, request)
-            return self._stream_out(call, context, lambda: behavior(request, context))
-
-        return wrapped
-
-    def _wrap_stream_stream(
-        self, rpc: str, hook: bool,
-        behavior: Callable[[Iterator[Any], grpc.ServicerContext], Iterable[Any]],
-    ) -> Callable[[Iterator[Any], grpc.ServicerContext], Iterator[Any]]:
-        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-            call = _Call(rpc, hook)
-            return self._stream_out(
-                call, context, lambda: behavior(self._counted(call, requests), context)
-            )
-
-        return wrapped
-
-    def _counted(self, call: _Call, requests: Iterator[Any]) -> Iterator[Any]:
-        for request in requests:
+    async def _counted(self, call: _Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
             self._note_request(call, request)
             yield request
-
-    def _stream_out(
-        self, call: _Call, context: grpc.ServicerContext, start: Callable[[], Iterable[Any]]
-    ) -> Iterator[Any]:
-        """Run a response-streaming handler lazily (gRPC iterates the result at once, in one
-        thread). The request id is bound around each step of the handler, never across a
-        ``yield``, so it does not leak into whatever runs between steps."""
-        call.start = time.perf_counter()
-        self._begin(call, context)
-        error: BaseException | None = None
-        responses: Iterator[Any] | None = None
-        try:
-            token = REQUEST_ID.set(call.request_id)
-            try:
-                self._announce(call, context)
-                responses = iter(start())
-            finally:
-                REQUEST_ID.reset(token)
-            while True:
-                token = REQUEST_ID.set(call.request_id)
-                try:
-                    response = next(responses)
-                except StopIteration:
-                    return
-                finally:
-                    REQUEST_ID.reset(token)
-                call.sent += _size(response)
-                yield response
-        except BaseException as e:
-            error = e
-            raise
-        finally:
-            close = getattr(responses, "close", None)
-            if error is not None and callable(close):
-                token = REQUEST_ID.set(call.request_id)
-                try:
-                    close()
-                except Exception:  # the handler's own cleanup failed; the call is over
-                    self.logger.debug("closing a response stream failed", exc_info=True)
-                finally:
-                    REQUEST_ID.reset(token)
-            self._finish(call, context, error)
 
 
 __all__ = [

@@ -31,3 +31,11 @@ class Limits:
     max_concurrent_hooks: int = 16
     #: The delay RetryInfo suggests to a call refused as OVERLOADED.
     retry_after_seconds: float = 1.0
+    #: Most upload bytes in flight in one server process (declared sizes of the blobs being
+    #: received); a new blob past it is refused as OVERLOADED with a RetryInfo, unless it is
+    #: the only one in flight.
+    max_inflight_bytes: int = 2 << 30
+    #: Seconds a stream may go without a message in either direction (an upload that sends no
+    #: chunk, a reader that takes none) before it is cancelled with DEADLINE_EXCEEDED
+    #: (reason ``STREAM_IDLE``); the partial blob is discarded.
+    stream_idle_seconds: float = 60.0

@@ -1,14 +1,12 @@
 """Error statuses: a ``google.rpc.Status`` with an ``ErrorInfo`` and optional further details.
 
-Every error the server returns goes through :func:`make_status` (or :func:`abort`), so each
-carries ``ErrorInfo(domain="remote-partitioner", reason=...)`` and, where they help,
-``BadRequest`` field violations and ``RetryInfo``.
+Every error the server returns is a :class:`~remote_partitioner.proto.errors.ServiceError`
+turned into a status by :func:`make_status`, so each carries ``ErrorInfo(domain=
+"remote-partitioner", reason=...)`` and, where they help, a ``BadRequest`` field violation and
+a ``RetryInfo``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping, Sequence
-from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -16,7 +14,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from remote_partitioner.proto.errors import DOMAIN, Reason
+from remote_partitioner.proto.errors import DOMAIN, ServiceError
 
 #: Longest status message sent (the message travels in a trailer, twice).
 MAX_MESSAGE_CHARS = 2000
@@ -38,49 +36,31 @@ def retry_info(seconds: float) -> error_details_pb2.RetryInfo:
     return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
-def make_status(
-    code: grpc.StatusCode,
-    reason: Reason | str,
-    message: str,
-    info: Mapping[str, str] | None = None,
-    details: Sequence[Message] = (),
-) -> grpc.Status:
-    """The status for ``code`` with an ``ErrorInfo`` (``reason``, ``info``) and ``details``.
+def make_status(error: ServiceError) -> grpc.Status:
+    """The status for ``error``: its code (:data:`STATUS_CODES`), its message, an ``ErrorInfo``
+    (reason, info) and, where set, a ``BadRequest`` naming its field and a ``RetryInfo``.
 
     The message is made valid UTF-8 and cut to :data:`MAX_MESSAGE_CHARS`, so that the trailers
     fit gRPC's default metadata limits; ``info`` carries the full text where one is needed.
     """
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    message = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
     info = {
-        k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in (info or {}).items()
+        k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in error.info.items()
     }
+    details: list[Message] = [
+        error_details_pb2.ErrorInfo(reason=error.reason.value, domain=DOMAIN, metadata=info)
+    ]
+    if error.field is not None:
+        details.append(bad_request(error.field, message))
+    if error.retry_after is not None:
+        details.append(retry_info(error.retry_after))
     packed = []
-    for detail in (
-        error_details_pb2.ErrorInfo(
-            reason=reason.value if isinstance(reason, Reason) else reason,
-            domain=DOMAIN,
-            metadata=info,
-        ),
-        *details,
-    ):
+    for detail in details:
         any_detail = any_pb2.Any()
         any_detail.Pack(detail)
         packed.append(any_detail)
     return rpc_status.to_status(
-        status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=packed)
+        status_pb2.Status(code=getattr(code_pb2, error.code.name), message=message, details=packed)
     )
-
-
-def abort(
-    context: grpc.ServicerContext,
-    code: grpc.StatusCode,
-    reason: Reason | str,
-    message: str,
-    info: Mapping[str, str] | None = None,
-    details: Sequence[Message] = (),
-) -> NoReturn:
-    """End the call with :func:`make_status`; never returns."""
-    context.abort_with_status(make_status(code, reason, message, info, details))
-    raise AssertionError("abort_with_status returned")  # pragma: no cover

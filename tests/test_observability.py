@@ -4,14 +4,14 @@ in-process servers on loopback (the service's own, and a bare one with all four 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import logging
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import create_server
+from remote_partitioner.server.app import Server, create_server
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.observability import (
     ACCESS_LOGGER,
@@ -82,6 +82,19 @@ def request_id_of(metadata: Any) -> str | None:
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+def last_access_line(caplog: pytest.LogCaptureFixture, prefix: str) -> str:
+    """The last access line once it starts with ``prefix`` (bounded wait: grpc.aio sends an
+    aborted call's status before the handler unwinds, so the line may follow the client's
+    error by a moment)."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = access_lines(caplog)
+        if (lines and lines[-1].startswith(prefix)) or time.monotonic() > deadline:
+            assert lines, "no access line"
+            return lines[-1]
+        time.sleep(0.01)
 
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -250,14 +263,16 @@ def test_request_id_echoed_and_logged(
     assert request_id_of(e.value.initial_metadata()) == "err.1"  # type: ignore[attr-defined]
     assert re.fullmatch(
         r"rpc=Partition partitioner=nope code=NOT_FOUND ms=\S+ in=\d+ out=0 request_id=err\.1",
-        access_lines(caplog)[-1],
+        last_access_line(caplog, "rpc=Partition "),
     )
     stream = stub.ReadBlobs(pb.ReadBlobsRequest(digests=[digest(b"absent")]),
                             metadata=(("x-request-id", "err_2"),), timeout=TIMEOUT)
     with pytest.raises(grpc.RpcError):
         list(stream)
     assert request_id_of(stream.initial_metadata()) == "err_2"
-    assert access_lines(caplog)[-1].startswith("rpc=ReadBlobs partitioner=- code=NOT_FOUND ")
+    assert last_access_line(caplog, "rpc=ReadBlobs ").startswith(
+        "rpc=ReadBlobs partitioner=- code=NOT_FOUND "
+    )
     assert all(getattr(r, "request_id", None) for r in caplog.records if r.name == ACCESS_LOGGER)
 
 
@@ -282,30 +297,33 @@ def _answer() -> bytes:
     return (REQUEST_ID.get() or "").encode()
 
 
-def _unary_unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+async def _unary_unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     if request == b"raise":
         raise RuntimeError("unexpected")
     if request == b"abort":
-        context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
     if request == b"slow":
-        time.sleep(1.0)
+        await asyncio.sleep(1.0)
     return _answer()
 
 
-def _unary_stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+async def _unary_stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
     yield _answer()
     if request == b"abort":
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "enough")
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "enough")
     yield _answer()
 
 
-def _stream_unary(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-    return b"".join(requests) and _answer()
+async def _stream_unary(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+    return b"".join([r async for r in requests]) and _answer()
 
 
-def _stream_stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-    for _ in requests:
-        yield _answer()
+async def _stream_stream(
+    requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+) -> None:
+    """Writes with ``context.write`` (the other way to stream responses), counted all the same."""
+    async for _ in requests:
+        await context.write(_answer())
 
 
 @pytest.fixture(params=[1, 2], ids=["one", "nested"])
@@ -315,24 +333,26 @@ def bare(request: pytest.FixtureRequest) -> Iterator[tuple[grpc.Channel, Metrics
     metrics = Metrics()
     inner = [ObservabilityInterceptor(Metrics(), logging.getLogger("tests.observability.inner"))
              for _ in range(request.param - 1)]
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        interceptors=[ObservabilityInterceptor(metrics), *inner],
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {
-        "UU": grpc.unary_unary_rpc_method_handler(_unary_unary),
-        "US": grpc.unary_stream_rpc_method_handler(_unary_stream),
-        "SU": grpc.stream_unary_rpc_method_handler(_stream_unary),
-        "SS": grpc.stream_stream_rpc_method_handler(_stream_stream),
-    }),))
-    port = server.add_insecure_port("127.0.0.1:0")
+
+    async def build() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(interceptors=[ObservabilityInterceptor(metrics), *inner])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {
+            "UU": grpc.unary_unary_rpc_method_handler(_unary_unary),
+            "US": grpc.unary_stream_rpc_method_handler(_unary_stream),
+            "SU": grpc.stream_unary_rpc_method_handler(_stream_unary),
+            "SS": grpc.stream_stream_rpc_method_handler(_stream_stream),
+        }),))
+        return server, server.add_insecure_port("127.0.0.1:0")
+
+    server = Server()
+    port = server.bind(build)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield channel, metrics
     finally:
         channel.close()
-        server.stop(None)
+        server.stop(None).wait(30)
 
 
 def test_every_handler_kind(

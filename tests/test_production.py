@@ -28,7 +28,7 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.app import SERVICE_NAME, create_server
 from remote_partitioner.server.results import ResultCache
-from remote_partitioner.server.servicer import Limits
+from remote_partitioner.server.settings import Limits
 
 
 def _edge(width: int = 4) -> ExportedProgram:

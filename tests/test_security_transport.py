@@ -67,7 +67,7 @@ def _serve(
 ) -> Iterator[int]:
     interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
     server, port = create_server(
-        "127.0.0.1:0", registry=registry, max_workers=4,
+        "127.0.0.1:0", registry=registry, io_threads=4,
         interceptors=interceptors, credentials=credentials,
     )
     server.start()

@@ -1,0 +1,730 @@
+"""The service's logic in plain Python: no gRPC here.
+
+:class:`PartitionerInstance` holds what a server serves with (the registry of hosted
+partitioners, the blob store, the limits and the result cache) and implements each RPC of
+``remote_partitioner.v1.RemotePartitioner`` as a method that takes and returns the contract's
+messages. It owns admission control, the bounds on requests, the result-cache policy, chunk
+reassembly (:class:`UploadAssembly`), partitioner lookup and spec decoding. Every refusal is a
+:class:`~remote_partitioner.proto.errors.ServiceError` whose reason decides the status code
+(:data:`~remote_partitioner.proto.errors.STATUS_CODES`); the servicer only translates.
+
+Deadlines reach this layer as a ``time_remaining`` callable (seconds left, or None for no
+deadline), so that it can refuse to start work whose caller has stopped waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from importlib import metadata
+from typing import Any, TypeVar
+
+import torch
+from executorch.exir.backend.partitioner import Partitioner
+from google.protobuf.message import DecodeError, Message
+from torch.export import ExportedProgram
+
+from remote_partitioner.proto import codec
+from remote_partitioner.proto.errors import (
+    BLOB_DIGEST,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_TRACEBACK,
+    EXCEPTION_TYPE,
+    EXPECTED_TYPE,
+    SPEC_KEY,
+    Reason,
+    ServiceError,
+)
+from remote_partitioner.proto.spec import spec_value
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server import hooks
+from remote_partitioner.server.blobstore import (
+    BlobError,
+    Blobs,
+    BlobView,
+    DigestMismatch,
+    check_digest,
+)
+from remote_partitioner.server.registry import (
+    InvalidSpecError,
+    Registry,
+    UnknownPartitionerError,
+)
+from remote_partitioner.server.results import ResultCache
+from remote_partitioner.server.settings import Limits
+
+logger = logging.getLogger(__name__)
+
+TimeRemaining = Callable[[], "float | None"]
+"""Seconds left before the caller's deadline; None when it has none."""
+
+_M = TypeVar("_M", bound=Message)
+HookRequest = (
+    pb.PartitionRequest | pb.OpsToNotDecomposeRequest | pb.TransformForPreDecompositionRequest
+)
+_RESPONSES: dict[str, type[Message]] = {
+    "Partition": pb.PartitionResponse,
+    "OpsToNotDecompose": pb.OpsToNotDecomposeResponse,
+    "TransformForPreDecomposition": pb.TransformForPreDecompositionResponse,
+}
+#: A wait longer than this is no wait at all (no deadline may show as a huge remaining time).
+_MAX_WAIT = 7 * 24 * 3600.0
+#: Bytes per message of a server stream (ReadBlobs, Lower).
+READ_CHUNK_BYTES = 1 << 20
+#: The status message carries at most this much of an exception's message (ErrorInfo has all).
+_SUMMARY_CHARS = 512
+
+_SPEC_TYPES = {
+    bool: pb.SPEC_TYPE_BOOL,
+    int: pb.SPEC_TYPE_INT,
+    float: pb.SPEC_TYPE_DOUBLE,
+    str: pb.SPEC_TYPE_STRING,
+    bytes: pb.SPEC_TYPE_BYTES,
+}
+_HOOKS = {
+    "partition": pb.HOOK_PARTITION,
+    "ops_to_not_decompose": pb.HOOK_OPS_TO_NOT_DECOMPOSE,
+    "transform_for_pre_decomposition": pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION,
+}
+
+
+def server_versions() -> pb.ServerVersions:
+    """The versions that decide whether this server reproduces a local lowering."""
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    return pb.ServerVersions(
+        torch=torch.__version__,
+        executorch=metadata.version("executorch"),
+        export_schema=".".join(map(str, SCHEMA_VERSION)),
+        api="v1",
+        server=metadata.version("remote-partitioner"),
+    )
+
+
+def versions_key() -> str:
+    """This server's versions, as the result cache keys on them."""
+    return server_versions().SerializeToString(deterministic=True).hex()
+
+
+def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
+    """Spec entries -> plain Python values, in order (an unset value is None, which
+    validation refuses).
+
+    Raises:
+        ServiceError: INVALID_SPEC, a key appears twice.
+    """
+    out: dict[str, object] = {}
+    for entry in spec:
+        if entry.key in out:
+            raise ServiceError(
+                Reason.INVALID_SPEC, f"spec key {entry.key!r} appears more than once"
+            )
+        kind = entry.value.WhichOneof("value")
+        out[entry.key] = getattr(entry.value, kind) if kind else None
+    return out
+
+
+def partitioner_raised(r: pb.RemoteException) -> ServiceError:
+    """PARTITIONER_RAISED for an exception the hosted code raised. The full message and
+    traceback travel once, in the ErrorInfo; the status message is a summary, so that the
+    trailers stay within gRPC's metadata limits."""
+    summary = r.message if len(r.message) <= _SUMMARY_CHARS else r.message[:_SUMMARY_CHARS] + "..."
+    return ServiceError(
+        Reason.PARTITIONER_RAISED,
+        f"the hosted partitioner raised {r.type}: {summary}",
+        {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback},
+    )
+
+
+def _backend_module(backend_id: str) -> str:
+    """The module defining the ``BackendDetails`` subclass named ``backend_id``, or ""."""
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    for cls in BackendDetails.__subclasses__():
+        if cls.__name__ == backend_id:
+            return cls.__module__
+    return ""
+
+
+def _deadline_passed(time_remaining: TimeRemaining) -> None:
+    remaining = time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise ServiceError(
+            Reason.DEADLINE_PASSED, "the deadline passed before the work could start"
+        )
+
+
+def _response_digests(response: Message) -> Iterator[pb.Digest]:
+    """The blobs a hook response names (a transformed program's)."""
+    if isinstance(response, pb.TransformForPreDecompositionResponse) and response.HasField(
+        "program"
+    ):
+        yield from codec.iter_digests(response.program)
+
+
+def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
+    """``lowering.MethodReport``s as a DelegationReport message."""
+    out = pb.DelegationReport()
+    for m in methods:
+        entry = out.methods.add(method=m.method, total_nodes=m.total_nodes)
+        for backend, (partitions, nodes) in sorted(m.delegated.items()):
+            entry.delegated.add(backend_id=backend, partitions=partitions, nodes=nodes)
+        for op, count in sorted(m.cpu_ops.items(), key=lambda kv: (-kv[1], kv[0])):
+            entry.cpu_ops.add(op=op, count=count)
+    return out
+
+
+def chunks(data: BlobView | bytes) -> Iterator[bytes]:
+    """``data`` in :data:`READ_CHUNK_BYTES` pieces (one empty piece for empty data)."""
+    view = memoryview(data)
+    if not view.nbytes:
+        yield b""
+    for off in range(0, view.nbytes, READ_CHUNK_BYTES):
+        yield bytes(view[off : off + READ_CHUNK_BYTES])
+
+
+@dataclasses.dataclass(frozen=True)
+class CompleteBlob:
+    """A blob whose last chunk arrived: its digest and its bytes, not yet verified."""
+
+    digest: pb.Digest
+    data: bytearray
+
+
+class ByteBudget:
+    """Bytes of uploads in flight, bounded: a blob reserves its declared size when its first
+    chunk arrives and gives it back when it is stored or dropped.
+
+    A reservation past ``max_bytes`` is refused (OVERLOADED, with a retry delay) unless
+    nothing else is in flight, so that a blob larger than the bound still passes alone.
+    Thread-safe.
+    """
+
+    def __init__(self, max_bytes: int, retry_after: float) -> None:
+        self.max_bytes = max_bytes
+        self.retry_after = retry_after
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        """Bytes reserved now."""
+        return self._used
+
+    def reserve(self, n: int, what: str) -> None:
+        """Reserve ``n`` bytes for ``what``.
+
+        Raises:
+            ServiceError: OVERLOADED, the reservation would pass the bound.
+        """
+        with self._lock:
+            if self._used and self._used + n > self.max_bytes:
+                raise ServiceError(
+                    Reason.OVERLOADED,
+                    f"{what} ({n} bytes) would take the uploads in flight on this server past "
+                    f"{self.max_bytes} bytes; retry in {self.retry_after:g} s",
+                    retry_after=self.retry_after,
+                )
+            self._used += n
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` reserved bytes."""
+        with self._lock:
+            self._used -= n
+
+
+class UploadAssembly:
+    """Reassembles one ``UploadBlobs`` stream: chunks in order, blob after blob.
+
+    Contract: call :meth:`feed` with each request in order; when it returns a
+    :class:`CompleteBlob`, call :meth:`commit` with it (verification hashes the blob: the async
+    servicer runs it off the event loop); at the end call :meth:`finish`. A refusal raises
+    :class:`~remote_partitioner.proto.errors.ServiceError` and stores nothing of the blob in
+    progress (blobs committed earlier in the stream stay stored: they were verified).
+    """
+
+    def __init__(self, instance: PartitionerInstance) -> None:
+        self._instance = instance
+        self.committed: list[pb.Digest] = []
+        self._current: pb.Digest | None = None
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> pb.Digest | None:
+        """The blob being received, or None between blobs."""
+        return self._current
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the blob in progress received so far."""
+        return len(self._buf)
+
+    def starts_blob(self, chunk: pb.UploadBlobsRequest) -> bool:
+        """Whether ``chunk`` begins a new blob (rather than continuing the current one)."""
+        cur, d = self._current, chunk.digest
+        return cur is None or d.hash != cur.hash or d.size_bytes != cur.size_bytes
+
+    def feed(self, chunk: pb.UploadBlobsRequest) -> CompleteBlob | None:
+        """Take the next chunk; return the blob when this chunk completed it, else None.
+
+        Raises:
+            ServiceError: INVALID_DIGEST / LIMIT_EXCEEDED for a bad or too large declared
+                digest; INCOMPLETE_BLOB when a new blob starts before the current one ended;
+                BAD_CHUNK for an offset out of order or bytes past the declared size.
+        """
+        d = chunk.digest
+        if self.starts_blob(chunk):
+            if self._current is not None:
+                raise self._incomplete(
+                    f"blob {self._current.hash} ended after {len(self._buf)} of "
+                    f"{self._current.size_bytes} bytes"
+                )
+            self._instance.check_digest(d, "digest")
+            self._instance.inflight.reserve(d.size_bytes, f"blob {d.hash}")
+            self._current, self._buf = pb.Digest(hash=d.hash, size_bytes=d.size_bytes), bytearray()
+        current = self._current
+        assert current is not None
+        if chunk.offset != len(self._buf):
+            raise ServiceError(
+                Reason.BAD_CHUNK,
+                f"blob {d.hash}: chunk at offset {chunk.offset}, expected {len(self._buf)}",
+                {BLOB_DIGEST: d.hash},
+            )
+        if len(self._buf) + len(chunk.data) > current.size_bytes:
+            raise ServiceError(
+                Reason.BAD_CHUNK,
+                f"blob {d.hash}: chunks exceed the declared size {current.size_bytes}",
+                {BLOB_DIGEST: d.hash},
+            )
+        self._buf += chunk.data
+        if len(self._buf) < current.size_bytes:
+            return None
+        done = CompleteBlob(current, self._buf)
+        self._current, self._buf = None, bytearray()
+        self._instance.inflight.release(current.size_bytes)
+        return done
+
+    def commit(self, blob: CompleteBlob) -> None:
+        """Verify and store a completed blob (its buffer is handed to the store, no copy).
+
+        Raises:
+            ServiceError: DIGEST_MISMATCH, the bytes do not hash to the digest.
+        """
+        try:
+            self._instance.blobs.put(blob.digest.hash, blob.digest.size_bytes, blob.data)
+        except DigestMismatch as e:
+            raise ServiceError(
+                Reason.DIGEST_MISMATCH, str(e), {BLOB_DIGEST: blob.digest.hash}
+            ) from e
+        self.committed.append(blob.digest)
+
+    def finish(self) -> pb.UploadBlobsResponse:
+        """The stream ended: the response naming every blob stored.
+
+        Raises:
+            ServiceError: INCOMPLETE_BLOB, the stream ended inside a blob.
+        """
+        if self._current is not None:
+            raise self._incomplete(
+                f"stream ended after {len(self._buf)} of {self._current.size_bytes} bytes of "
+                f"blob {self._current.hash}"
+            )
+        return pb.UploadBlobsResponse(committed_digests=self.committed)
+
+    def discard(self) -> None:
+        """Drop the blob in progress (the stream was cancelled, idle or refused); idempotent."""
+        if self._current is not None:
+            self._instance.inflight.release(self._current.size_bytes)
+        self._current, self._buf = None, bytearray()
+
+    def _incomplete(self, message: str) -> ServiceError:
+        assert self._current is not None
+        error = ServiceError(Reason.INCOMPLETE_BLOB, message, {BLOB_DIGEST: self._current.hash})
+        self.discard()
+        return error
+
+
+class PartitionerInstance:
+    """Implements ``remote_partitioner.v1.RemotePartitioner`` over a registry and blob store.
+
+    Thread-safe. Hook calls and lowerings are admitted (:meth:`admit`, by the caller) up to
+    ``limits.max_concurrent_hooks`` at once (beyond: OVERLOADED with a retry delay) and then run
+    one at a time in the process (:meth:`turn`):
+    ExecuTorch partitioners and fake tensor modes share process-wide state (scale with worker
+    processes). A call whose deadline passes while it waits for its turn does not run.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        blobs: Blobs,
+        limits: Limits | None = None,
+        results: ResultCache | None = None,
+    ) -> None:
+        self.registry = registry
+        self.blobs = blobs
+        self.limits = limits or Limits()
+        self.results = results if results is not None else ResultCache(0)
+        self._admitted = threading.BoundedSemaphore(self.limits.max_concurrent_hooks)
+        self._hook_lock = threading.Lock()
+        #: Upload bytes in flight, bounded by ``limits.max_inflight_bytes``.
+        self.inflight = ByteBudget(self.limits.max_inflight_bytes, self.limits.retry_after_seconds)
+
+    # ------------------------------------------------------------------ discovery
+
+    def list_partitioners(self) -> pb.ListPartitionersResponse:
+        """The hosted partitioners, their spec keys and hooks, and this server's versions."""
+        response = pb.ListPartitionersResponse(versions=server_versions())
+        for name in self.registry.names():
+            hosted = self.registry.get(name)
+            info = response.partitioners.add(
+                name=hosted.name,
+                backend_id=hosted.backend_id,
+                class_name=f"{hosted.partitioner_class.__module__}."
+                f"{hosted.partitioner_class.__qualname__}",
+                description=hosted.description,
+                overridden_hooks=[_HOOKS[h] for h in hosted.overridden_hooks()],
+                backend_module=_backend_module(hosted.backend_id),
+            )
+            for key in hosted.spec_keys.values():
+                k = info.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
+                if key.default is not None:
+                    k.default.CopyFrom(spec_value(key.name, key.default))
+        return response
+
+    # ------------------------------------------------------------------ blobs
+
+    def find_missing_blobs(
+        self, request: pb.FindMissingBlobsRequest
+    ) -> pb.FindMissingBlobsResponse:
+        """The digests of ``request`` this server does not hold."""
+        self.check_count(len(request.digests))
+        missing = []
+        for d in request.digests:
+            self.check_digest(d)
+            if not self.blobs.has(d.hash, d.size_bytes):
+                missing.append(d)
+        return pb.FindMissingBlobsResponse(missing_digests=missing)
+
+    def upload(self) -> UploadAssembly:
+        """A new assembly for one ``UploadBlobs`` stream."""
+        return UploadAssembly(self)
+
+    def read_blobs(self, request: pb.ReadBlobsRequest) -> Iterator[pb.ReadBlobsResponse]:
+        """The blobs ``request`` names, in chunks; each is looked up when its turn comes.
+
+        Raises:
+            ServiceError: LIMIT_EXCEEDED / INVALID_DIGEST (checked before the first chunk),
+                BLOB_NOT_FOUND for a blob not held (when its turn comes).
+        """
+        self.check_count(len(request.digests))
+        for d in request.digests:
+            self.check_digest(d)
+        return self._read(list(request.digests))
+
+    def _read(self, digests: list[pb.Digest]) -> Iterator[pb.ReadBlobsResponse]:
+        for d in digests:
+            data = self.blobs.get(d.hash)
+            if data is None or len(data) != d.size_bytes:
+                raise ServiceError(
+                    Reason.BLOB_NOT_FOUND, f"blob {d.hash}/{d.size_bytes} is not held",
+                    {BLOB_DIGEST: d.hash},
+                )
+            for i, piece in enumerate(chunks(data)):
+                yield pb.ReadBlobsResponse(digest=d, offset=i * READ_CHUNK_BYTES, data=piece)
+
+    # ------------------------------------------------------------------ hooks
+
+    def partition(
+        self, request: pb.PartitionRequest, time_remaining: TimeRemaining
+    ) -> pb.PartitionResponse:
+        """``Partitioner.partition`` on the request's program: its tags and meta changes."""
+        return self._hook("Partition", request, time_remaining, hooks.partition)
+
+    def ops_to_not_decompose(
+        self, request: pb.OpsToNotDecomposeRequest, time_remaining: TimeRemaining
+    ) -> pb.OpsToNotDecomposeResponse:
+        """``Partitioner.ops_to_not_decompose``, its filter evaluated on every node."""
+        return self._hook(
+            "OpsToNotDecompose", request, time_remaining, hooks.ops_to_not_decompose
+        )
+
+    def transform_for_pre_decomposition(
+        self, request: pb.TransformForPreDecompositionRequest, time_remaining: TimeRemaining
+    ) -> pb.TransformForPreDecompositionResponse:
+        """``Partitioner.transform_for_pre_decomposition``; a new program's blobs are stored
+        here for the client to read back."""
+
+        def transform(
+            partitioner: Partitioner, ep: ExportedProgram
+        ) -> pb.TransformForPreDecompositionResponse:
+            out = hooks.transform_for_pre_decomposition(partitioner, ep)
+            if out is None:
+                return pb.TransformForPreDecompositionResponse(unchanged=True)
+            encoded = codec.encode_program(out)
+            for h, data in encoded.blobs.items():
+                raw = bytes(data)
+                self.blobs.put(h, len(raw), raw)
+            return pb.TransformForPreDecompositionResponse(program=encoded.message)
+
+        return self._hook("TransformForPreDecomposition", request, time_remaining, transform)
+
+    def _hook(
+        self,
+        rpc: str,
+        request: HookRequest,
+        time_remaining: TimeRemaining,
+        hook: Callable[[Partitioner, ExportedProgram], _M],
+    ) -> _M:
+        """Build the partitioner, decode the program, run ``hook`` in turn.
+
+        A request whose bytes were answered before, and whose blobs (and the answer's) are
+        all still held, is answered from the result cache, without a turn.
+        """
+        partitioner = self.partitioner(request.partitioner)
+        program = self._program(request)
+        self._check_program(program)
+        key = self.results.key(rpc, request)
+        if self._held(codec.iter_digests(program)):
+            cached = self.results.get(key, _RESPONSES[rpc])
+            if cached is not None and self._held(_response_digests(cached)):
+                return cached  # type: ignore[return-value]
+        with self.turn(time_remaining):
+            ep = self._decode(program)
+            _deadline_passed(time_remaining)
+            try:
+                response = hook(partitioner, ep)
+            except hooks.PartitionerRaised as e:
+                raise partitioner_raised(e.remote) from e
+            except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
+                raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
+        self.results.put(key, response)
+        return response
+
+    # ------------------------------------------------------------------ whole lowering
+
+    def lower(
+        self, request: pb.LowerRequest, time_remaining: TimeRemaining
+    ) -> tuple[pb.DelegationReport, bytes | None]:
+        """Lower the request's PT2 archive with its partitioners: the delegation report and
+        the ``.pte`` bytes (None with ``report_only``)."""
+        from remote_partitioner.server import lowering, pt2
+
+        if not request.partitioners:
+            raise ServiceError(Reason.INVALID_SPEC, "no partitioner given", field="partitioners")
+        partitioners = [self.partitioner(ref) for ref in request.partitioners]
+        self.check_digest(request.archive, "archive")
+        with self.turn(time_remaining):
+            archive = self._required_blob(request.archive, "archive")
+            try:
+                programs = pt2.read_pt2(memoryview(archive))
+            except (ValueError, codec.CodecError) as e:
+                raise ServiceError(
+                    Reason.INVALID_PROGRAM, f"the archive cannot be read: {e}"
+                ) from e
+            _deadline_passed(time_remaining)
+            try:
+                methods, pte = lowering.lower(
+                    programs, partitioners,
+                    check_ir_validity=not request.options.skip_ir_validity_check,
+                    report_only=request.options.report_only,
+                )
+            except hooks.PartitionerRaised as e:
+                raise partitioner_raised(e.remote) from e
+        return _report_message(methods), pte
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self) -> Callable[[], None]:
+        """Admit one hook call or lowering, or refuse it at once; return the function that
+        ends the admission (call it exactly once, when the work is over).
+
+        Raises:
+            ServiceError: OVERLOADED (with a retry delay), ``max_concurrent_hooks`` calls are
+                already admitted.
+        """
+        if not self._admitted.acquire(blocking=False):
+            delay = self.limits.retry_after_seconds
+            raise ServiceError(
+                Reason.OVERLOADED,
+                f"{self.limits.max_concurrent_hooks} hook calls are already in progress; "
+                f"retry in {delay:g} s",
+                retry_after=delay,
+            )
+        return self._admitted.release
+
+    @contextlib.contextmanager
+    def turn(self, time_remaining: TimeRemaining) -> Iterator[None]:
+        """Hold the process's one hook slot; wait for it until the caller's deadline.
+
+        Raises:
+            ServiceError: DEADLINE_PASSED, the deadline passed while the call waited.
+        """
+        remaining = time_remaining()
+        wait = -1.0 if remaining is None or remaining > _MAX_WAIT else max(remaining, 0.0)
+        if not self._hook_lock.acquire(timeout=wait):
+            raise ServiceError(
+                Reason.DEADLINE_PASSED, "the deadline passed while the call waited for its turn"
+            )
+        try:
+            yield
+        finally:
+            self._hook_lock.release()
+
+    # ------------------------------------------------------------------ checks
+
+    def check_digest(self, d: pb.Digest, field: str = "digests") -> None:
+        """Refuse a malformed digest (INVALID_DIGEST) or one over the blob size limit."""
+        try:
+            check_digest(d.hash, d.size_bytes)
+        except BlobError as e:
+            raise ServiceError(Reason.INVALID_DIGEST, str(e), field=field) from e
+        if d.size_bytes > self.limits.max_blob_bytes:
+            raise self._limit(
+                field, f"blob {d.hash} declares {d.size_bytes} bytes", self.limits.max_blob_bytes
+            )
+
+    def check_count(self, n: int) -> None:
+        """Refuse a request naming more than ``max_digests`` digests."""
+        if n > self.limits.max_digests:
+            raise self._limit("digests", f"{n} digests", self.limits.max_digests)
+
+    @staticmethod
+    def _limit(field: str, what: str, bound: int) -> ServiceError:
+        return ServiceError(
+            Reason.LIMIT_EXCEEDED, f"{what}, over this server's limit of {bound}", field=field
+        )
+
+    def _check_program(self, program: pb.Program) -> None:
+        """Bound a program by what it declares, before any of it is decoded."""
+        limits = self.limits
+        if program.graph.size_bytes > limits.max_graph_bytes:
+            raise self._limit(
+                "program.graph.size_bytes",
+                f"the graph declares {program.graph.size_bytes} bytes", limits.max_graph_bytes,
+            )
+        nodes, total = 0, 0
+        seen: set[str] = set()
+        stack = [program]
+        while stack:
+            p = stack.pop()
+            nodes += len(p.fingerprint)
+            for d in codec.iter_digests(p, nested=False):
+                if d.hash not in seen:
+                    seen.add(d.hash)
+                    total += max(d.size_bytes, 0)
+            stack.extend(m.original_program for m in p.lowered_modules)
+        if nodes > limits.max_nodes:
+            raise self._limit(
+                "program.fingerprint", f"the program has {nodes} nodes", limits.max_nodes
+            )
+        if total > limits.max_program_bytes:
+            raise self._limit(
+                "program", f"the program names {total} bytes of blobs", limits.max_program_bytes
+            )
+
+    # ------------------------------------------------------------------ inputs
+
+    def partitioner(self, ref: pb.PartitionerRef) -> Partitioner:
+        """Build the hosted partitioner ``ref`` names.
+
+        Raises:
+            ServiceError: UNKNOWN_PARTITIONER; INVALID_SPEC (a duplicate key, an unknown key
+                or a value of the wrong type); PARTITIONER_RAISED (its constructor refused).
+        """
+        try:
+            hosted = self.registry.get(ref.name)
+        except UnknownPartitionerError as e:
+            raise ServiceError(Reason.UNKNOWN_PARTITIONER, str(e)) from e
+        spec = spec_from_message(ref.spec)
+        try:
+            return hosted.create(spec)
+        except InvalidSpecError as e:
+            raise ServiceError(
+                Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
+                field=f"partitioner.spec[{e.key}]",
+            ) from e
+        except Exception as e:  # the partitioner's own constructor refused the spec
+            raise partitioner_raised(hooks.remote_exception(e)) from e
+
+    def _program(self, request: HookRequest) -> pb.Program:
+        """The request's program: inline, or read from the ``program_digest`` blob."""
+        if not request.HasField("program_digest"):
+            return request.program
+        if request.HasField("program"):
+            raise ServiceError(
+                Reason.INVALID_PROGRAM, "set program or program_digest, not both",
+                field="program_digest",
+            )
+        d = request.program_digest
+        self.check_digest(d, "program_digest")
+        if d.size_bytes > self.limits.max_graph_bytes:
+            raise self._limit(
+                "program_digest", f"the program message declares {d.size_bytes} bytes",
+                self.limits.max_graph_bytes,
+            )
+        data = self._required_blob(d, "program")
+        program = pb.Program()
+        try:
+            program.ParseFromString(bytes(data))
+        except DecodeError as e:
+            raise ServiceError(
+                Reason.INVALID_PROGRAM, f"blob {d.hash} is not a Program message: {e}"
+            ) from e
+        return program
+
+    def _required_blob(self, d: pb.Digest, what: str) -> BlobView:
+        """The blob a request names directly, or BLOB_MISSING."""
+        data = self.blobs.get(d.hash)
+        if data is None or len(data) != d.size_bytes:
+            raise ServiceError(
+                Reason.BLOB_MISSING,
+                f"{what} blob {d.hash}/{d.size_bytes} is missing; upload it and call again",
+                {BLOB_DIGEST: d.hash},
+            )
+        return data
+
+    def _blob(self, d: pb.Digest) -> BlobView:
+        data = self.blobs.get(d.hash)
+        if data is None:
+            raise codec.BlobMissing(d)
+        return data
+
+    def _held(self, digests: Iterable[pb.Digest]) -> bool:
+        return all(self.blobs.has(d.hash, d.size_bytes) for d in digests)
+
+    def _decode(self, program: pb.Program) -> ExportedProgram:
+        try:
+            return codec.decode_program(program, self._blob)
+        except codec.BlobMissing as e:
+            raise ServiceError(
+                Reason.BLOB_MISSING, f"{e}; upload it and call again",
+                {BLOB_DIGEST: e.digest.hash},
+            ) from e
+        except codec.FingerprintMismatch as e:
+            raise ServiceError(Reason.FINGERPRINT_MISMATCH, str(e)) from e
+        except codec.BlobSizeMismatch as e:
+            raise ServiceError(Reason.SIZE_MISMATCH, str(e)) from e
+        except codec.ProgramDecodeError as e:
+            raise ServiceError(
+                Reason.INVALID_PROGRAM, f"the program cannot be decoded: {e}"
+            ) from e
+        except Exception as e:
+            logger.exception("decoding a program failed")
+            raise ServiceError(
+                Reason.INVALID_PROGRAM,
+                f"the program cannot be decoded: {type(e).__name__}: {e}",
+            ) from e
+
+
+__all__ = [
+    "READ_CHUNK_BYTES",
+    "PartitionerInstance",
+    "UploadAssembly",
+    "server_versions",
+    "spec_from_message",
+    "versions_key",
+]
