@@ -410,7 +410,7 @@ def test_dockerfile_checks_catch_problems() -> None:
     text = (
         "FROM python:latest\n"
         "COPY no-such-dir /src\n"
-        "COPY .venv /venv\n"
+        "COPY tests /tests\n"
         "RUN pip install --no-cache-dir .\n"
         "RUN pip install --no-cache-dir torch==2.0.0\n"
         'ENTRYPOINT ["python", "app.py"]\n'
@@ -426,7 +426,7 @@ def test_dockerfile_checks_catch_problems() -> None:
         "not installed from the CPU index",
         "installed before CPU torch",
         "'no-such-dir' is not in the build context",
-        "'.venv' is excluded by .dockerignore",
+        "'tests' is excluded by .dockerignore",
     ):
         assert expected in errors
     assert vd.check_dockerignore([".git"]) != []
