@@ -682,14 +682,15 @@ def check_example_secrets(folder: Path = EXAMPLES) -> list[str]:
 
 @dataclass(frozen=True)
 class Instruction:
-    """One Dockerfile instruction: keyword (upper case), its text, and its line."""
+    """One Dockerfile instruction: keyword (upper case), its arguments (continuation lines
+    joined), and its first line (1-based)."""
 
     keyword: str
     value: str
     line: int
 
     def exec_form(self) -> list[str] | None:
-        """The JSON array of an exec-form instruction, if it is one."""
+        """The JSON array of an exec-form instruction (after its ``--flags``), if it is one."""
         text = re.sub(r"^(?:--\S+\s+)*", "", self.value)
         try:
             value = json.loads(text)
@@ -697,33 +698,42 @@ class Instruction:
             return None
         return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
-
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """The instructions of a Dockerfile, with continuation lines joined and comments dropped."""
-    out: list[Instruction] = []
-    buffer: list[str] = []
-    start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not buffer and (not stripped or stripped.startswith("#")):
-            continue
-        if buffer and stripped.startswith("#"):
-            continue
-        if not buffer:
-            start = number
-        if stripped.endswith("\\"):
-            buffer.append(stripped[:-1].strip())
-            continue
-        buffer.append(stripped)
-        joined = " ".join(b for b in buffer if b)
-        buffer = []
-        keyword, _, value = joined.partition(" ")
-        out.append(Instruction(keyword.upper(), value.strip(), start))
-    return out
+    def words(self) -> list[str]:
+        """The arguments without the ``--flags``: the exec form's, else the shell words."""
+        form = self.exec_form()
+        return form if form is not None else [w for w in self.value.split()
+                                              if not w.startswith("--")]
 
 
-def _substitute(value: str, args: Mapping[str, str]) -> str:
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), value)
+@dataclass(frozen=True)
+class Dockerfile:
+    """A parsed Dockerfile: its instructions (comments left out) and each stage's base image
+    (``ARG`` defaults substituted)."""
+
+    instructions: list[Instruction]
+    base_images: list[str]
+
+    def stages(self) -> list[list[Instruction]]:
+        """The instructions of each stage, from its ``FROM`` on."""
+        stages: list[list[Instruction]] = []
+        for ins in self.instructions:
+            if ins.keyword == "FROM":
+                stages.append([])
+            if stages:
+                stages[-1].append(ins)
+        return stages
+
+
+def parse_dockerfile(text: str) -> Dockerfile:
+    """Parse a Dockerfile with ``dockerfile-parse``."""
+    from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
+
+    parser = DockerfileParser(fileobj=io.BytesIO(text.encode("utf-8")))
+    return Dockerfile(
+        [Instruction(i["instruction"].upper(), i["value"], i["startline"] + 1)
+         for i in parser.structure if i["instruction"] != "COMMENT"],
+        list(parser.parent_images),
+    )
 
 
 def _dockerignored(path: str, patterns: Sequence[str]) -> bool:
@@ -771,34 +781,23 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     def err(line: int, message: str) -> None:
         errors.append(f"{where}:{line}: {message}")
 
-    instructions = parse_dockerfile(text)
-    args: dict[str, str] = {}
-    stages: list[list[Instruction]] = []
-    for ins in instructions:
-        if ins.keyword == "ARG" and not stages:
-            name, _, default = ins.value.partition("=")
-            args[name.strip()] = default.strip().strip('"')
-        if ins.keyword == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append(ins)
+    dockerfile = parse_dockerfile(text)
+    instructions, stages = dockerfile.instructions, dockerfile.stages()
     if len(stages) < 2:
         err(1, "not a multi-stage build")
     stage_names: set[str] = set()
-    for stage in stages:
-        ins = stage[0]
-        words = [w for w in ins.value.split() if not w.startswith("--")]
-        image = _substitute(words[0], args)
+    for stage, image in zip(stages, dockerfile.base_images, strict=True):
+        words = stage[0].words()
         if len(words) >= 3 and words[1].upper() == "AS":
             stage_names.add(words[2])
         if image in stage_names or image == "scratch":
             continue
         if not _pinned(image):
-            err(ins.line, f"base image {image!r} is not pinned to a tag other than latest")
+            err(stage[0].line, f"base image {image!r} is not pinned to a tag other than latest")
     if not stages:
         return errors
     final = stages[-1]
-    first_image = _substitute(final[0].value.split()[0], args)
+    first_image = dockerfile.base_images[-1]
     if not first_image.startswith("python:3.11-slim"):
         err(final[0].line, f"the runtime image is {first_image!r}, not python:3.11-slim")
     users = [i for i in final if i.keyword == "USER"]
@@ -837,7 +836,7 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
             err(entry[-1].line, f"ENTRYPOINT + CMD do not parse: {parsed.error}")
         else:
             host, port = _port_of(parsed.namespace.address)
-            if host in ("127.0.0.1", "localhost", "::1"):
+            if host in LOOPBACK:
                 err(entry[-1].line, "the server listens on loopback only")
             exposed = {p.split("/")[0] for i in final if i.keyword == "EXPOSE"
                        for p in i.value.split()}
@@ -862,9 +861,7 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     for i in instructions:
         if i.keyword not in ("COPY", "ADD") or "--from=" in i.value:
             continue
-        form = i.exec_form()
-        words = form if form is not None else [w for w in i.value.split()
-                                               if not w.startswith("--")]
+        words = i.words()
         for source in words[:-1]:
             rel = posixpath.normpath(source).lstrip("/")
             if not (context / rel).exists():

@@ -430,3 +430,23 @@ def test_dockerfile_checks_catch_problems() -> None:
     ):
         assert expected in errors
     assert vd.check_dockerignore([".git"]) != []
+
+
+def test_dockerfile_is_parsed_as_docker_reads_it() -> None:
+    """dockerfile-parse: continuation lines (with a comment inside) joined, ARG defaults
+    substituted into FROM, flags apart from the words, exec forms read as JSON."""
+    dockerfile = vd.parse_dockerfile(
+        "ARG BASE=python:3.11-slim\n"
+        "FROM --platform=linux/amd64 ${BASE} AS build\n"
+        "RUN pip install a \\\n"
+        "# a comment inside the continuation\n"
+        "    && pip install b\n"
+        "FROM build\n"
+        'COPY --chown=1:1 ["a b", "c"]\n'
+    )
+    assert dockerfile.base_images == ["python:3.11-slim", "build"]
+    assert [len(stage) for stage in dockerfile.stages()] == [2, 2]
+    run = dockerfile.instructions[2]
+    assert (run.keyword, run.line) == ("RUN", 3)
+    assert run.words() == ["pip", "install", "a", "&&", "pip", "install", "b"]
+    assert dockerfile.instructions[-1].words() == ["a b", "c"]
