@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fnmatch
+import functools
 import io
 import json
 import os
@@ -736,32 +736,78 @@ def parse_dockerfile(text: str) -> Dockerfile:
     )
 
 
-def _dockerignored(path: str, patterns: Sequence[str]) -> bool:
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern[1:] if negate else pattern
-        pat = pat.strip("/")
-        parts = path.split("/")
-        hit = any(
-            fnmatch.fnmatch("/".join(parts[:i]), pat) or fnmatch.fnmatch(
-                "/".join(parts[:i]), pat.removeprefix("**/")
-            ) or (pat.startswith("**/") and fnmatch.fnmatch(parts[i - 1], pat[3:]))
-            for i in range(1, len(parts) + 1)
-        )
-        if hit:
-            ignored = not negate
-    return ignored
-
-
 def read_dockerignore(path: Path = DOCKERIGNORE) -> list[str]:
-    """The patterns of a .dockerignore file."""
+    """The patterns of a .dockerignore file as Docker reads them (moby's ignorefile): a line
+    starting with ``#`` is a comment; others are trimmed, cleaned like a path (``/`` runs,
+    ``.`` and ``..`` folded) and lose a leading ``/``; ``!`` keeps its place in front."""
     if not path.is_file():
         return []
-    return [
-        line.strip() for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.strip().startswith("#")
-    ]
+    patterns: list[str] = []
+    for line in path.read_text(encoding="utf-8-sig").splitlines():
+        pattern = line.strip()
+        if line.startswith("#") or not pattern:
+            continue
+        invert = pattern.startswith("!")
+        pattern = pattern[1:].strip() if invert else pattern
+        if pattern:
+            pattern = posixpath.normpath(re.sub("/+", "/", pattern))
+            pattern = pattern[1:] if len(pattern) > 1 and pattern.startswith("/") else pattern
+        patterns.append("!" + pattern if invert else pattern)
+    return patterns
+
+
+@functools.lru_cache(maxsize=256)
+def docker_pattern(pattern: str) -> re.Pattern[str]:
+    r"""A cleaned .dockerignore pattern (no ``!``) as the regular expression Docker compiles it
+    to (moby/patternmatcher): ``*`` and ``?`` never match ``/``; ``**`` matches any number of
+    folders, none included (``**/`` is the same ``**``), and anything at the end of the
+    pattern; ``[...]`` is a character class (``[^...]`` negated); ``\`` escapes.
+
+    Raises:
+        DeployError: an unterminated ``[``.
+    """
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*" and pattern.startswith("*", i):
+            i += 1
+            if pattern.startswith("/", i):
+                i += 1
+            out.append(".*" if i == n else "(.*/)?")
+        elif ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            close = pattern.find("]", i + 1)
+            if close < 0:
+                raise DeployError(f".dockerignore: pattern {pattern!r} has an unterminated [")
+            out.append("[" + pattern[i:close].replace("[", "\\[") + "]")
+            i = close + 1
+        elif ch == "\\" and i < n:
+            out.append(re.escape(pattern[i]))
+            i += 1
+        else:
+            out.append(re.escape(ch))
+    return re.compile("".join(out), re.DOTALL)
+
+
+def dockerignored(path: str, patterns: Sequence[str]) -> bool:
+    """Whether Docker leaves ``path`` (``/``-separated, relative to the build context) out of
+    the context, given the patterns :func:`read_dockerignore` returns: a pattern matches the
+    path or one of the folders above it, the last pattern that matches wins, and a ``!``
+    pattern that matches puts the path back."""
+    parts = posixpath.normpath(path).lstrip("/").split("/")
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        exclusion = pattern.startswith("!")
+        regex = docker_pattern(pattern[1:] if exclusion else pattern)
+        if any(regex.fullmatch(c) for c in candidates):
+            ignored = not exclusion
+    return ignored
 
 
 def torch_pin(pyproject: Path = ROOT / "pyproject.toml") -> str:
@@ -866,7 +912,7 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
             rel = posixpath.normpath(source).lstrip("/")
             if not (context / rel).exists():
                 err(i.line, f"{i.keyword} source {source!r} is not in the build context")
-            elif _dockerignored(rel, ignore):
+            elif dockerignored(rel, ignore):
                 err(i.line, f"{i.keyword} source {source!r} is excluded by .dockerignore")
     return errors
 
@@ -876,7 +922,7 @@ def check_dockerignore(patterns: Sequence[str]) -> list[str]:
     must = [".git", ".venv", "client/node/node_modules", "build",
             "server/__pycache__/app.cpython-311.pyc"]
     return [f".dockerignore: does not exclude {p}" for p in must
-            if not _dockerignored(p, patterns)]
+            if not dockerignored(p, patterns)]
 
 
 def run_hadolint(path: Path = DOCKERFILE) -> list[str]:

@@ -450,3 +450,53 @@ def test_dockerfile_is_parsed_as_docker_reads_it() -> None:
     assert (run.keyword, run.line) == ("RUN", 3)
     assert run.words() == ["pip", "install", "a", "&&", "pip", "install", "b"]
     assert dockerfile.instructions[-1].words() == ["a b", "c"]
+
+
+# ------------------------------------------------------------ .dockerignore: Docker's rules
+
+
+@pytest.mark.parametrize(("patterns", "path", "ignored"), [
+    # `*` and `?` stay within one folder level, as in Go's filepath.Match.
+    (["*.pyc"], "app.pyc", True),
+    (["*.pyc"], "server/app.pyc", False),
+    (["server/*.pyc"], "server/app.pyc", True),
+    (["server/*.pyc"], "server/sub/app.pyc", False),
+    (["a?c"], "abc", True),
+    (["a?c"], "a/c", False),
+    (["*"], "server/app.py", True),  # through its folder, "server"
+    # `**` crosses any number of folders, none included.
+    (["**/*.pyc"], "app.pyc", True),
+    (["**/*.pyc"], "server/sub/app.pyc", True),
+    (["server/**/*.pyc"], "server/app.pyc", True),
+    (["server/**/*.pyc"], "client/app.pyc", False),
+    (["build/**"], "build/lib/x.py", True),
+    (["build/**"], "build", False),
+    # A pattern that matches a folder leaves out everything under it; no match lower down.
+    (["build"], "build/lib/x.py", True),
+    (["build"], "server/build", False),
+    (["client/node"], "client/node/node_modules/grpc/index.js", True),
+    # `!` puts a path back; the last pattern that matches wins.
+    (["docs", "!docs/README.md"], "docs/README.md", False),
+    (["docs", "!docs/README.md"], "docs/index.md", True),
+    (["!docs/README.md", "docs"], "docs/README.md", True),
+    (["*.md", "!README*.md", "README-secret.md"], "README-secret.md", True),
+    (["*.md", "!README*.md", "README-secret.md"], "README.md", False),
+    # Character classes and escapes.
+    (["[ab].txt"], "a.txt", True),
+    (["[^ab].txt"], "a.txt", False),
+    (["[^ab].txt"], "c.txt", True),
+    (["\\*.txt"], "*.txt", True),
+    (["\\*.txt"], "a.txt", False),
+    (["a.b"], "axb", False),
+])
+def test_dockerignore_follows_docker(patterns: list[str], path: str, ignored: bool) -> None:
+    assert vd.dockerignored(path, patterns) is ignored
+
+
+def test_dockerignore_file_is_read_as_docker_reads_it(tmp_path: Path) -> None:
+    ignore = tmp_path / ".dockerignore"
+    ignore.write_text("# a comment\n\n  /build/  \n!  ./docs//README.md\nserver/../tmp\n"
+                      " #not-a-comment\n", encoding="utf-8")
+    assert vd.read_dockerignore(ignore) == ["build", "!docs/README.md", "tmp", "#not-a-comment"]
+    with pytest.raises(vd.DeployError, match="unterminated"):
+        vd.dockerignored("a", ["[a"])
