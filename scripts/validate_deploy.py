@@ -920,7 +920,8 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
 def check_dockerignore(patterns: Sequence[str]) -> list[str]:
     """The build context leaves out what must not enter an image."""
     must = [".git", ".venv", "client/node/node_modules", "build",
-            "server/__pycache__/app.cpython-311.pyc"]
+            "server/__pycache__/app.cpython-311.pyc", "remote_partitioner.egg-info",
+            "model.pte", "server/model.pte"]
     return [f".dockerignore: does not exclude {p}" for p in must
             if not dockerignored(p, patterns)]
 
