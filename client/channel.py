@@ -45,8 +45,8 @@ from typing import Any
 
 import grpc
 
-#: The service whose RPCs the retry policy covers.
-SERVICE_NAME = "remote_partitioner.v1.RemotePartitioner"
+# SERVICE_NAME: the service whose RPCs the retry policy covers (re-exported).
+from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
 
 #: The request header whose value picks a replica (same value, same replica while it is up).
 AFFINITY_METADATA_KEY = "x-remote-partitioner-affinity"
@@ -131,8 +131,8 @@ def service_config_json(affinity: bool = True) -> str:
 #: Room for large responses and for error trailers that carry a remote traceback; the service
 #: config above (affinity, failover, retries).
 DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_metadata_size", 1 << 20),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),

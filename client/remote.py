@@ -37,14 +37,9 @@ from remote_partitioner.client.errors import (
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
+from remote_partitioner.proto.transport import hook_from_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-
-_HOOK_NAMES = {
-    pb.HOOK_PARTITION: "partition",
-    pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
-    pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: "transform_for_pre_decomposition",
-}
 
 
 class _Snapshot:
@@ -259,7 +254,7 @@ class RemotePartitioner(Partitioner):
 
     def overrides(self, hook: str) -> bool:
         """Whether the hosted partitioner overrides ``hook`` (else the base answer holds)."""
-        return hook in {_HOOK_NAMES.get(h) for h in self.info.overridden_hooks}
+        return hook in {hook_from_wire(h) for h in self.info.overridden_hooks}
 
     def _ref(self) -> pb.PartitionerRef:
         return pb.PartitionerRef(name=self.partitioner_name, spec=self._spec_msg)

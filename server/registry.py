@@ -14,7 +14,8 @@ Contract shared by every hosted partitioner:
   (case-insensitive).
 * Spec keys map one-to-one onto options the installed ExecuTorch code really reads.
 
-This module is plain Python: it imports neither grpc nor protobuf code.
+This module is plain Python: it imports neither grpc nor protobuf code. :data:`HOOKS` is
+:data:`remote_partitioner.proto.transport.HOOKS`, re-exported.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from typing import Any, TypeVar, cast
 
 from executorch.exir.backend.partitioner import Partitioner
 
+from remote_partitioner.proto.transport import HOOKS
+
 logger = logging.getLogger(__name__)
 
 SpecValue = bool | int | float | str | bytes
 """The scalar types a spec value may have."""
 
 _SPEC_TYPES: tuple[type, ...] = (bool, int, float, str, bytes)
-
-HOOKS = ("partition", "ops_to_not_decompose", "transform_for_pre_decomposition")
-"""The ``Partitioner`` methods that EXIR calls and a partitioner may override."""
 
 ENTRY_POINT_GROUP = "remote_partitioner.partitioners"
 """Entry point group through which other packages add hosted partitioners."""
