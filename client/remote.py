@@ -20,7 +20,7 @@ from executorch.exir.backend.partitioner import (
 )
 from torch.export import ExportedProgram
 
-from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import (
     AFFINITY_METADATA_KEY,
     DEFAULT_CHANNEL_OPTIONS,
@@ -265,15 +265,7 @@ class RemotePartitioner(Partitioner):
         digests: list[pb.Digest],
         graphs: set[str],
     ) -> None:
-        if not digests:
-            return
-        missing = self._rpc(
-            self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=digests)
-        ).missing_digests
-        if not missing:
-            return
-
-        self._rpc(self.stub.UploadBlobs, upload_requests(missing, blobs))
+        missing = upload_missing(self._rpc, self.stub, digests, blobs)
         self.stats["blobs_uploaded"] += len(missing)
         self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
         self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)
