@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import (
     AFFINITY_METADATA_KEY,
-    DEFAULT_CHANNEL_OPTIONS,
+    default_channel_options,
     new_affinity_key,
     open_channel,
 )
@@ -158,7 +158,7 @@ class RemotePartitioner(Partitioner):
         )
         self._spec_msg = spec_entries(spec)
         self._credentials = credentials
-        self._options = [*DEFAULT_CHANNEL_OPTIONS, *options]
+        self._options = list(options)  # after the defaults, built when the channel is
         self._owns_channel = channel is None
         self._channel = channel
         self._stub: pb_grpc.RemotePartitionerStub | None = None
@@ -210,7 +210,10 @@ class RemotePartitioner(Partitioner):
         with self._lock:
             if self._stub is None:
                 if self._channel is None:
-                    self._channel = open_channel(self.target, self._credentials, self._options)
+                    self._channel = open_channel(
+                        self.target, self._credentials,
+                        [*default_channel_options(), *self._options],
+                    )
                 self._stub = pb_grpc.RemotePartitionerStub(self._channel)
             return self._stub
 
