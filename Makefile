@@ -45,6 +45,8 @@ check-proto: venv
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
+	@# proto/ imports neither client/ nor server/, they import proto/ only, cli/ joins them.
+	$(BIN)/python scripts/check_layers.py
 	@# mypy cannot follow the editable install's import hook: give it the package layout.
 	@rm -rf build/mypy && mkdir -p build/mypy/remote_partitioner
 	@cp -r cli proto server client build/mypy/remote_partitioner/
