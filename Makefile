@@ -14,7 +14,7 @@ BENCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Folders git may not have (an empty one is not kept) are left out rather than failing ruff.
-LINT_PATHS := $(wildcard proto server client tests scripts bench)
+LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
@@ -45,16 +45,18 @@ check-proto: venv
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
+	@# proto/ imports neither client/ nor server/, they import proto/ only, cli/ joins them.
+	$(BIN)/python scripts/check_layers.py
 	@# mypy cannot follow the editable install's import hook: give it the package layout.
 	@rm -rf build/mypy && mkdir -p build/mypy/remote_partitioner
-	@cp -r proto server client build/mypy/remote_partitioner/
+	@cp -r cli proto server client build/mypy/remote_partitioner/
 	@rm -rf build/mypy/remote_partitioner/client/node
 	@touch build/mypy/remote_partitioner/__init__.py
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
-		-p remote_partitioner.server -p remote_partitioner.client \
+		-p remote_partitioner.cli -p remote_partitioner.server -p remote_partitioner.client \
 		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
 		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check \
-		-m remote_partitioner.proto.digests
+		-m remote_partitioner.proto.digests -m remote_partitioner.proto.transport
 
 test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
@@ -63,7 +65,7 @@ demo: venv
 	$(BIN)/python scripts/demo.py
 
 serve: venv
-	$(BIN)/remote-partitioner serve --address $(ADDRESS)
+	$(BIN)/python -m remote_partitioner.cli serve --address $(ADDRESS)
 
 bench: venv
 	$(BIN)/python bench/bench.py --json build/bench.json $(BENCH_ARGS)
@@ -71,7 +73,7 @@ bench: venv
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
 	rm -f *.pte
-	find $(wildcard proto server client tests scripts bench) -name __pycache__ -prune \
+	find $(wildcard cli proto server client tests scripts bench) -name __pycache__ -prune \
 		-exec rm -rf {} +
 
 distclean: clean

@@ -64,7 +64,7 @@ def server(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``remote-partitioner serve`` on a free port of 127.0.0.1, stopped on exit."""
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+            [sys.executable, "-m", "remote_partitioner.cli", "serve",
              "--address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=log, text=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},

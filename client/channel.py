@@ -2,7 +2,7 @@
 
 A target may name several replicas (``ipv4:10.0.0.1:50051,10.0.0.2:50051``, or a
 ``dns:///name:port`` that resolves to several addresses). The default service config
-(:func:`service_config`, in :data:`DEFAULT_CHANNEL_OPTIONS`) then does, with gRPC's own
+(:func:`service_config`, in :func:`default_channel_options`) then does, with gRPC's own
 machinery only:
 
 * **Affinity.** A lowering uploads blobs (``FindMissingBlobs``, ``UploadBlobs``) and then
@@ -22,12 +22,15 @@ machinery only:
 
 gRPC 1.85 (C-core) reads ``requestHashHeader`` only when the environment variable
 :data:`RING_HASH_ENV` is true, and without it ``ring_hash`` fails every call ("hash attribute
-not present"). Importing this module therefore sets that variable to ``true`` unless it is
-already set (it changes nothing else: no other configuration names a request hash header).
-When the variable is set to something else, or gRPC is older than :data:`_MIN_RING_HASH_GRPC`,
-the default config falls back to ``pick_first`` with a shuffled address list (gRFC A62): each
-channel, hence each ``RemotePartitioner``, sticks to one random replica and moves to the next
-when it fails.
+not present"). Importing this module changes nothing; :func:`enable_header_hashing` sets that
+variable to ``true`` in this process's environment unless it is already set, and the default
+service config calls it (through :func:`service_config`, :func:`default_channel_options` and
+:func:`open_channel`) before the first channel using it is created, which is when gRPC reads
+the variable. Setting it changes nothing else: no other configuration names a request hash
+header. When the variable is set to something else, or gRPC is older than
+:data:`_MIN_RING_HASH_GRPC`, the default config falls back to ``pick_first`` with a shuffled
+address list (gRFC A62): each channel, hence each ``RemotePartitioner``, sticks to one random
+replica and moves to the next when it fails.
 
 Replicas that share one blob directory (``remote-partitioner serve --blob-dir`` on a
 ReadWriteMany volume) need no affinity: pass
@@ -37,6 +40,7 @@ ReadWriteMany volume) need no affinity: pass
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -45,8 +49,8 @@ from typing import Any
 
 import grpc
 
-#: The service whose RPCs the retry policy covers.
-SERVICE_NAME = "remote_partitioner.v1.RemotePartitioner"
+# SERVICE_NAME: the service whose RPCs the retry policy covers (re-exported).
+from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
 
 #: The request header whose value picks a replica (same value, same replica while it is up).
 AFFINITY_METADATA_KEY = "x-remote-partitioner-affinity"
@@ -78,19 +82,22 @@ def _grpc_version() -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _enable_header_hashing() -> bool:
+@functools.cache
+def enable_header_hashing() -> bool:
     """Turn on gRPC's ``ring_hash`` request hash header for this process unless the
-    environment already decides; whether it is on (and this gRPC implements it)."""
+    environment already decides; return whether it is on (and this gRPC implements it).
+
+    Sets :data:`RING_HASH_ENV` to ``true`` in ``os.environ`` if it is unset and gRPC is at
+    least :data:`_MIN_RING_HASH_GRPC`; never overrides a value the user set. Decided once per
+    process (later calls return the first answer), so that every channel this module
+    configures agrees. Call it before creating the first channel that should use
+    ``ring_hash`` affinity: gRPC reads the variable when it parses the service config.
+    """
     if _grpc_version() < _MIN_RING_HASH_GRPC:
         return False
     value = os.environ.setdefault(RING_HASH_ENV, "true")
     # A subset of what gRPC reads as true: where we say yes, gRPC does too.
     return value.strip().lower() in {"1", "true", "yes"}
-
-
-#: Whether the default service config pins calls by :data:`AFFINITY_METADATA_KEY`
-#: (``ring_hash``), rather than pinning each channel (``pick_first``, shuffled).
-HEADER_AFFINITY: bool = _enable_header_hashing()
 
 
 def new_affinity_key() -> str:
@@ -102,16 +109,17 @@ def service_config(affinity: bool = True) -> dict[str, Any]:
     """The service config for channels to the service.
 
     With ``affinity``: ``ring_hash`` keyed by :data:`AFFINITY_METADATA_KEY` when
-    :data:`HEADER_AFFINITY`, else (or where gRPC lacks ``ring_hash``) ``pick_first`` over the
-    shuffled addresses. Without: ``round_robin`` over all ready replicas, call by call (for
-    replicas that share their blobs). Either way :data:`RETRY_POLICY` for every RPC of
-    :data:`SERVICE_NAME`.
+    :func:`enable_header_hashing` (called here, so that the environment is set before a
+    channel with this config exists) says gRPC reads the header, else (or where gRPC lacks
+    ``ring_hash``) ``pick_first`` over the shuffled addresses. Without: ``round_robin`` over
+    all ready replicas, call by call (for replicas that share their blobs). Either way
+    :data:`RETRY_POLICY` for every RPC of :data:`SERVICE_NAME`.
     """
     sticky_channel = {"pick_first": {"shuffleAddressList": True}}
     lb: list[dict[str, Any]]
     if not affinity:
         lb = [{"round_robin": {}}]
-    elif HEADER_AFFINITY:
+    elif enable_header_hashing():
         # gRPC takes the first policy of the list that it implements.
         lb = [{"ring_hash_experimental": {"requestHashHeader": AFFINITY_METADATA_KEY}},
               sticky_channel]
@@ -128,17 +136,46 @@ def service_config_json(affinity: bool = True) -> str:
     return json.dumps(service_config(affinity), separators=(",", ":"))
 
 
-#: Room for large responses and for error trailers that carry a remote traceback; the service
-#: config above (affinity, failover, retries).
-DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_metadata_size", 1 << 20),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.enable_retries", 1),
-    ("grpc.service_config", service_config_json()),
-]
+def default_channel_options() -> list[tuple[str, Any]]:
+    """The options of a channel to the service: room for large messages
+    (:data:`MAX_MESSAGE_BYTES`) and for error trailers that carry a remote traceback,
+    keepalive, and the service config above (affinity, failover, retries).
+
+    Building them calls :func:`enable_header_hashing`, so the environment gRPC reads is set
+    before a channel with these options is created. A new list each call.
+    """
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_metadata_size", 1 << 20),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", service_config_json()),
+    ]
+
+
+# Declared for type checkers; computed on first access by __getattr__ below, not at import.
+#: Whether the default service config pins calls by :data:`AFFINITY_METADATA_KEY`
+#: (``ring_hash``), rather than pinning each channel (``pick_first``, shuffled): the answer of
+#: :func:`enable_header_hashing` (reading it sets the environment variable).
+HEADER_AFFINITY: bool
+#: :func:`default_channel_options`, computed on first access (which sets the environment
+#: variable, see :func:`enable_header_hashing`).
+DEFAULT_CHANNEL_OPTIONS: list[tuple[str, Any]]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: these two depend on the environment variable enable_header_hashing() sets, so
+    # they are computed when first read (before a channel uses them), not when this module is
+    # imported.
+    if name == "HEADER_AFFINITY":
+        return enable_header_hashing()
+    if name == "DEFAULT_CHANNEL_OPTIONS":
+        value = default_channel_options()
+        globals()[name] = value  # one list, as when it was a constant
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def merge_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -150,15 +187,15 @@ def merge_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
 def open_channel(
     target: str,
     credentials: grpc.ChannelCredentials | None = None,
-    options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+    options: Sequence[tuple[str, Any]] | None = None,
 ) -> grpc.Channel:
     """A channel to ``target``: TLS with ``credentials``, else plaintext.
 
-    ``options`` are channel options; of several with one name the last wins, so that
-    ``[*DEFAULT_CHANNEL_OPTIONS, *extra]`` lets ``extra`` override a default (e.g. its own
-    ``grpc.service_config``).
+    ``options`` are channel options, :func:`default_channel_options` when None; of several
+    with one name the last wins, so that ``[*default_channel_options(), *extra]`` lets
+    ``extra`` override a default (e.g. its own ``grpc.service_config``).
     """
-    merged = merge_options(options)
+    merged = merge_options(default_channel_options() if options is None else options)
     if credentials is not None:
         return grpc.secure_channel(target, credentials, options=merged)
     return grpc.insecure_channel(target, options=merged)
@@ -168,9 +205,12 @@ __all__ = [
     "AFFINITY_METADATA_KEY",
     "DEFAULT_CHANNEL_OPTIONS",
     "HEADER_AFFINITY",
+    "MAX_MESSAGE_BYTES",
     "RETRY_POLICY",
     "RING_HASH_ENV",
     "SERVICE_NAME",
+    "default_channel_options",
+    "enable_header_hashing",
     "merge_options",
     "new_affinity_key",
     "open_channel",

@@ -20,11 +20,14 @@ from google.protobuf import json_format
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
 from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
+from remote_partitioner.proto.transport import DEFAULT_ADDRESS
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 COMMANDS = ("list", "partition", "lower")
-DEFAULT_TARGET = "127.0.0.1:50051"
+#: The server the commands talk to unless ``--target`` says otherwise: where ``serve``
+#: listens by default.
+DEFAULT_TARGET = DEFAULT_ADDRESS
 
 
 class UsageError(Exception):

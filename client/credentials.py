@@ -11,15 +11,15 @@ Pass the results to :class:`~remote_partitioner.client.RemotePartitioner`::
 
 from __future__ import annotations
 
-import re
-from os import PathLike
-
 import grpc
 
-StrPath = str | PathLike[str]
-
-# A token is one or more visible ASCII characters (what gRPC metadata can carry, no spaces).
-_TOKEN = re.compile(r"[\x21-\x7e]+")
+from remote_partitioner.proto.transport import (
+    StrPath,
+    is_pem_certificate,
+    is_pem_private_key,
+    read_file_bytes,
+    tokens_in_file,
+)
 
 
 def channel_credentials(
@@ -42,26 +42,17 @@ def channel_credentials(
             "a client certificate needs its private key and the key its certificate: "
             "give both private_key and certificate_chain, or neither"
         )
-    if root_certificates is not None and b"-----BEGIN CERTIFICATE-----" not in root_certificates:
+    if root_certificates is not None and not is_pem_certificate(root_certificates):
         raise ValueError("the root certificates are not PEM certificates")
-    if certificate_chain is not None and b"-----BEGIN CERTIFICATE-----" not in certificate_chain:
+    if certificate_chain is not None and not is_pem_certificate(certificate_chain):
         raise ValueError("the client certificate chain is not a PEM certificate")
-    if private_key is not None and not re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----",
-                                                 private_key):
+    if private_key is not None and not is_pem_private_key(private_key):
         raise ValueError("the client private key is not a PEM private key")
     return grpc.ssl_channel_credentials(
         root_certificates=root_certificates,
         private_key=private_key,
         certificate_chain=certificate_chain,
     )
-
-
-def _read_bytes(path: StrPath, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {str(path)!r}: {e}") from e
 
 
 def read_channel_credentials(
@@ -78,9 +69,9 @@ def read_channel_credentials(
     if (key_path is None) != (cert_path is None):
         raise ValueError("give both key_path and cert_path for a client certificate, or neither")
     return channel_credentials(
-        _read_bytes(root_path, "root certificates") if root_path is not None else None,
-        _read_bytes(key_path, "client private key") if key_path is not None else None,
-        _read_bytes(cert_path, "client certificate") if cert_path is not None else None,
+        read_file_bytes(root_path, "root certificates") if root_path is not None else None,
+        read_file_bytes(key_path, "client private key") if key_path is not None else None,
+        read_file_bytes(cert_path, "client certificate") if cert_path is not None else None,
     )
 
 
@@ -93,19 +84,4 @@ def read_token(path: StrPath) -> str:
             contains whitespace or a character outside visible ASCII (it could not be sent
             as gRPC metadata); the token itself is never put in the message.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read token file {str(path)!r}: {e}") from e
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if not _TOKEN.fullmatch(line):
-            raise ValueError(
-                f"token file {str(path)!r}, line {number}: a token must be visible ASCII "
-                "characters without whitespace"
-            )
-        return line
-    raise ValueError(f"token file {str(path)!r} holds no token")
+    return next(tokens_in_file(path))

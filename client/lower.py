@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import open_channel
 from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
 from remote_partitioner.proto import errors
@@ -80,14 +80,7 @@ class LowerClient:
     def upload(self, data: bytes, progress: Callable[[int], None] | None = None) -> pb.Digest:
         """Upload ``data`` as a blob unless the server holds it; return its digest."""
         digest = digest_of(data)
-        missing = self._call(
-            self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=[digest])
-        ).missing_digests
-        if missing:
-            self._call(self.stub.UploadBlobs, upload_requests(missing, {digest.hash: data},
-                                                              progress))
-        elif progress is not None:
-            progress(len(data))
+        upload_missing(self._call, self.stub, [digest], {digest.hash: data}, progress)
         return digest
 
     def lower(

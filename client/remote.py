@@ -20,10 +20,10 @@ from executorch.exir.backend.partitioner import (
 )
 from torch.export import ExportedProgram
 
-from remote_partitioner.client.blobs import upload_requests
+from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import (
     AFFINITY_METADATA_KEY,
-    DEFAULT_CHANNEL_OPTIONS,
+    default_channel_options,
     new_affinity_key,
     open_channel,
 )
@@ -37,14 +37,9 @@ from remote_partitioner.client.errors import (
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
+from remote_partitioner.proto.transport import hook_from_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-
-_HOOK_NAMES = {
-    pb.HOOK_PARTITION: "partition",
-    pb.HOOK_OPS_TO_NOT_DECOMPOSE: "ops_to_not_decompose",
-    pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: "transform_for_pre_decomposition",
-}
 
 
 class _Snapshot:
@@ -163,7 +158,7 @@ class RemotePartitioner(Partitioner):
         )
         self._spec_msg = spec_entries(spec)
         self._credentials = credentials
-        self._options = [*DEFAULT_CHANNEL_OPTIONS, *options]
+        self._options = list(options)  # after the defaults, built when the channel is
         self._owns_channel = channel is None
         self._channel = channel
         self._stub: pb_grpc.RemotePartitionerStub | None = None
@@ -215,7 +210,10 @@ class RemotePartitioner(Partitioner):
         with self._lock:
             if self._stub is None:
                 if self._channel is None:
-                    self._channel = open_channel(self.target, self._credentials, self._options)
+                    self._channel = open_channel(
+                        self.target, self._credentials,
+                        [*default_channel_options(), *self._options],
+                    )
                 self._stub = pb_grpc.RemotePartitionerStub(self._channel)
             return self._stub
 
@@ -259,7 +257,7 @@ class RemotePartitioner(Partitioner):
 
     def overrides(self, hook: str) -> bool:
         """Whether the hosted partitioner overrides ``hook`` (else the base answer holds)."""
-        return hook in {_HOOK_NAMES.get(h) for h in self.info.overridden_hooks}
+        return hook in {hook_from_wire(h) for h in self.info.overridden_hooks}
 
     def _ref(self) -> pb.PartitionerRef:
         return pb.PartitionerRef(name=self.partitioner_name, spec=self._spec_msg)
@@ -270,15 +268,7 @@ class RemotePartitioner(Partitioner):
         digests: list[pb.Digest],
         graphs: set[str],
     ) -> None:
-        if not digests:
-            return
-        missing = self._rpc(
-            self.stub.FindMissingBlobs, pb.FindMissingBlobsRequest(digests=digests)
-        ).missing_digests
-        if not missing:
-            return
-
-        self._rpc(self.stub.UploadBlobs, upload_requests(missing, blobs))
+        missing = upload_missing(self._rpc, self.stub, digests, blobs)
         self.stats["blobs_uploaded"] += len(missing)
         self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
         self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)

@@ -106,7 +106,7 @@ def local_server(startup_seconds: float) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "remote_partitioner.server.cli",
+                "remote_partitioner.cli",
                 "serve",
                 "--address",
                 "127.0.0.1:0",

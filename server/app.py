@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.blobstore import Blobs, BlobStore
 from remote_partitioner.server.instance import PartitionerInstance, versions_key
@@ -26,9 +26,7 @@ from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import RemotePartitionerServicer
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePartitioner"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-MAX_MESSAGE_BYTES = 64 << 20
 
 #: Explicit transport settings: message sizes (blobs travel in 1 MiB chunks, so 64 MiB leaves
 #: room for large programs' fingerprints), and keepalive: the server pings an idle connection

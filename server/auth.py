@@ -19,17 +19,22 @@ import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from os import PathLike
 from typing import Any
 
 import grpc
 
 from remote_partitioner.proto.errors import Reason, ServiceError
+from remote_partitioner.proto.transport import (
+    TOKEN_PATTERN,
+    StrPath,
+    is_pem_certificate,
+    is_pem_private_key,
+    read_file_bytes,
+    tokens_in_file,
+)
 from remote_partitioner.server.status import make_status
 
 logger = logging.getLogger(__name__)
-
-StrPath = str | PathLike[str]
 
 #: Methods served without a token: health checking and server reflection (full method names).
 OPEN_METHODS: frozenset[str] = frozenset(
@@ -42,8 +47,7 @@ OPEN_METHODS: frozenset[str] = frozenset(
 )
 
 
-# A token is one or more visible ASCII characters (what gRPC metadata can carry, no spaces).
-_TOKEN = re.compile(r"[\x21-\x7e]+")
+_TOKEN = TOKEN_PATTERN
 # RFC 6750: the scheme is case-insensitive; one or more spaces before the token.
 _BEARER = re.compile(r"(?i:bearer) +([\x21-\x7e]+)")
 
@@ -61,25 +65,7 @@ def load_tokens(path: StrPath) -> frozenset[str]:
             or a character outside visible ASCII (the line number is named, the token is not),
             or the file holds no token.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read token file {str(path)!r}: {e}") from e
-    tokens: set[str] = set()
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if not _TOKEN.fullmatch(line):
-            raise ValueError(
-                f"token file {str(path)!r}, line {number}: a token must be visible ASCII "
-                "characters without whitespace"
-            )
-        tokens.add(line)
-    if not tokens:
-        raise ValueError(f"token file {str(path)!r} holds no token")
-    return frozenset(tokens)
+    return frozenset(tokens_in_file(path))
 
 
 def _digest(token: str) -> bytes:
@@ -209,25 +195,17 @@ def server_credentials(
     Raises:
         ValueError: an argument is empty or not PEM of the expected kind.
     """
-    if b"-----BEGIN CERTIFICATE-----" not in cert_chain:
+    if not is_pem_certificate(cert_chain):
         raise ValueError("the server certificate chain is not a PEM certificate")
-    if not re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----", private_key):
+    if not is_pem_private_key(private_key):
         raise ValueError("the server private key is not a PEM private key")
-    if client_ca is not None and b"-----BEGIN CERTIFICATE-----" not in client_ca:
+    if client_ca is not None and not is_pem_certificate(client_ca):
         raise ValueError("the client CA is not a PEM certificate")
     return grpc.ssl_server_credentials(
         [(private_key, cert_chain)],
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
-
-
-def _read(path: StrPath, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {str(path)!r}: {e}") from e
 
 
 def read_server_credentials(
@@ -239,9 +217,9 @@ def read_server_credentials(
         ValueError: a file cannot be read or is not PEM of the expected kind.
     """
     return server_credentials(
-        _read(cert_path, "TLS certificate"),
-        _read(key_path, "TLS private key"),
-        _read(client_ca_path, "client CA") if client_ca_path is not None else None,
+        read_file_bytes(cert_path, "TLS certificate"),
+        read_file_bytes(key_path, "TLS private key"),
+        read_file_bytes(client_ca_path, "client CA") if client_ca_path is not None else None,
     )
 
 

@@ -1,5 +1,17 @@
-"""The ``remote-partitioner`` command line: ``serve``, and the client commands ``list``,
-``partition`` and ``lower`` (see :mod:`remote_partitioner.client.cli`)."""
+"""The ``serve`` command of the ``remote-partitioner`` command line.
+
+The console script (:mod:`remote_partitioner.cli`) joins this command with the client's
+(:mod:`remote_partitioner.client.cli`); this module knows nothing of the client. It provides:
+
+* :func:`add_serve_command`: the ``serve`` subcommand and its flags, added to a parser;
+* :func:`run_serve`: run a parsed ``serve`` (one process, or ``--workers N`` of them);
+* :func:`build_parser` and :func:`main`: a command line with ``serve`` only. ``python -m
+  remote_partitioner.server.cli serve ...`` is how ``serve --workers N`` starts each worker
+  process (:mod:`remote_partitioner.server.workers`), so that a worker loads no client code.
+
+Importing this module loads gRPC but neither torch nor ExecuTorch: they are imported when a
+server is built.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +28,6 @@ import grpc
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
 logger = logging.getLogger("remote_partitioner.server")
-
-EXIT_USAGE = 2
 
 
 def _security(
@@ -130,13 +140,11 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The command line's parser and its ``serve`` subparser (importing nothing heavy)."""
-    parser = argparse.ArgumentParser(
-        prog="remote-partitioner", description="Host ExecuTorch partitioners over gRPC."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the server")
+def add_serve_command(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand and its flags to an argparse subparsers object (from
+    ``add_subparsers(dest="command")``); return its parser (:func:`run_serve` reports usage
+    errors through it). Imports nothing heavy."""
+    serve: argparse.ArgumentParser = sub.add_parser("serve", help="run the server")
     serve.add_argument("--address", default=DEFAULT_ADDRESS,
                        help=f"HOST:PORT to listen on (default {DEFAULT_ADDRESS}; port 0 = any)")
     serve.add_argument("--threads", type=_positive, default=4,
@@ -198,32 +206,47 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                      help="address of the metrics endpoint (default 127.0.0.1)")
     ops.add_argument("--log-level", default="WARNING",
                      help="Python logging level; INFO logs one line per call (default WARNING)")
-    # The client commands (list, partition, lower) live with the client; this entry point is
-    # the one place that joins the two halves.
-    from remote_partitioner.client import cli as client_cli
-
-    client_cli.add_commands(sub)
-    return parser, serve
+    return serve
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from remote_partitioner.client import cli as client_cli
+def run_serve(args: argparse.Namespace, argv: Sequence[str],
+              serve: argparse.ArgumentParser) -> int:
+    """Run the parsed ``serve`` command ``args``; return the process exit status once a
+    signal stopped the server.
 
-    parser, serve = build_parser()
-    raw = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(raw)
-    if args.command == "serve" and args.workers > 1:
+    ``argv`` is the whole command line ``args`` was parsed from (``serve`` and its flags):
+    with ``--workers`` above 1 each worker process runs it again, through :func:`main`.
+    ``serve`` is the subcommand's parser; an unsafe or inconsistent security setup exits
+    through its ``error`` (status 2) before anything starts.
+    """
+    if args.workers > 1:
         from remote_partitioner.server import workers
 
         _security(args, serve)  # refuse what one worker would refuse, before starting any
-        return workers.supervise(raw, args.address, args.workers, args.blob_dir, args.grace,
-                                 args.metrics_port)
-    if args.command == "serve":
-        return _serve(args, serve)
-    if args.command in client_cli.COMMANDS:
-        return client_cli.run(args)
-    parser.error(f"unknown command {args.command}")
-    return EXIT_USAGE
+        return workers.supervise(list(argv), args.address, args.workers, args.blob_dir,
+                                 args.grace, args.metrics_port)
+    return _serve(args, serve)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """A ``remote-partitioner`` parser with the ``serve`` command only, and that command's
+    parser (importing nothing heavy). ``parse_args(["serve", *flags])`` parses ``serve``'s
+    flags exactly as the full command line does."""
+    parser = argparse.ArgumentParser(
+        prog="remote-partitioner", description="Host ExecuTorch partitioners over gRPC."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    return parser, add_serve_command(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``serve`` with the command-line arguments ``argv`` (default ``sys.argv[1:]``,
+    ``serve`` first); return the exit status. The console script is
+    :func:`remote_partitioner.cli.main`; this serve-only entry is what worker processes run."""
+    parser, serve = build_parser()
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    return run_serve(args, raw, serve)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from remote_partitioner.proto.errors import (
     ServiceError,
 )
 from remote_partitioner.proto.spec import spec_value
+from remote_partitioner.proto.transport import hook_to_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks
 from remote_partitioner.server.blobstore import (
@@ -83,11 +84,6 @@ _SPEC_TYPES = {
     float: pb.SPEC_TYPE_DOUBLE,
     str: pb.SPEC_TYPE_STRING,
     bytes: pb.SPEC_TYPE_BYTES,
-}
-_HOOKS = {
-    "partition": pb.HOOK_PARTITION,
-    "ops_to_not_decompose": pb.HOOK_OPS_TO_NOT_DECOMPOSE,
-    "transform_for_pre_decomposition": pb.HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION,
 }
 
 
@@ -386,7 +382,7 @@ class PartitionerInstance:
                 class_name=f"{hosted.partitioner_class.__module__}."
                 f"{hosted.partitioner_class.__qualname__}",
                 description=hosted.description,
-                overridden_hooks=[_HOOKS[h] for h in hosted.overridden_hooks()],
+                overridden_hooks=[hook_to_wire(h) for h in hosted.overridden_hooks()],
                 backend_module=_backend_module(hosted.backend_id),
             )
             for key in hosted.spec_keys.values():

@@ -53,7 +53,7 @@ from typing import Any, Protocol, TextIO
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.transport import SERVICE_NAME as _SERVICE
 from remote_partitioner.server.blobstore import Blobs
 
 #: The metadata key carrying a call's request id, both ways.
@@ -75,7 +75,6 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "remote_partitioner_request_id", default=None
 )
 
-_SERVICE = pb.DESCRIPTOR.services_by_name["RemotePartitioner"].full_name
 _HOOK_RPCS = frozenset({"Partition", "OpsToNotDecompose", "TransformForPreDecomposition"})
 _FIND_MISSING_BLOBS = "FindMissingBlobs"
 _VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")

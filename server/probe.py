@@ -11,7 +11,8 @@ It asks the server at ``--address`` (default ``127.0.0.1:50051``) for the health
 1 for any other answer or when the server cannot be reached within ``--timeout`` seconds
 (2 for a usage error). It prints one line saying why.
 
-This module imports gRPC and the health-checking stubs only, never torch or ExecuTorch, so
+This module imports gRPC, the health-checking stubs and the plain-Python
+:mod:`remote_partitioner.proto.transport` only, never torch or ExecuTorch, so
 that it starts in a fraction of a second: a Docker ``HEALTHCHECK`` or a Kubernetes ``exec``
 probe runs it every few seconds.
 """
@@ -25,20 +26,12 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+from remote_partitioner.proto.transport import DEFAULT_ADDRESS, read_file_bytes
+
 DEFAULT_TIMEOUT = 5.0
 
 EXIT_SERVING = 0
 EXIT_UNHEALTHY = 1
-
-
-def _read(path: str, what: str) -> bytes:
-    """The bytes of the file at ``path``; ``ValueError`` naming ``what`` if it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {path!r}: {e}") from e
 
 
 def tls_credentials(
@@ -59,9 +52,11 @@ def tls_credentials(
     if (client_cert is None) != (client_key is None):
         raise ValueError("--client-cert and --client-key go together")
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(ca_file, "CA file") if ca_file else None,
-        private_key=_read(client_key, "client key") if client_key else None,
-        certificate_chain=_read(client_cert, "client certificate") if client_cert else None,
+        root_certificates=read_file_bytes(ca_file, "CA file") if ca_file else None,
+        private_key=read_file_bytes(client_key, "client key") if client_key else None,
+        certificate_chain=(
+            read_file_bytes(client_cert, "client certificate") if client_cert else None
+        ),
     )
 
 

@@ -5,6 +5,11 @@ plugin's name) and sends a *spec*: a flat mapping from spec key to a scalar
 (:data:`SpecValue`). The registry type-checks the spec against the partitioner's
 declared :class:`SpecKey` s and builds the ExecuTorch ``Partitioner`` from it.
 
+This module is the generic part: :class:`SpecKey`, :class:`HostedPartitioner`,
+:class:`Registry`, the helpers that declare spec keys (:func:`enum_key`, :func:`list_key`,
+...), entry-point plugins and :func:`default_registry`. Each built-in partitioner lives in its
+own module under ``server/backends/`` (:data:`BUILTIN_BACKENDS`).
+
 Contract shared by every hosted partitioner:
 
 * A key the client did not send is not passed to the constructor at all, so
@@ -14,15 +19,16 @@ Contract shared by every hosted partitioner:
   (case-insensitive).
 * Spec keys map one-to-one onto options the installed ExecuTorch code really reads.
 
-This module is plain Python: it imports neither grpc nor protobuf code.
+This module is plain Python: it imports neither grpc nor protobuf code. :data:`HOOKS` is
+:data:`remote_partitioner.proto.transport.HOOKS`, re-exported.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib
 import importlib.metadata
-import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,15 +36,14 @@ from typing import Any, TypeVar, cast
 
 from executorch.exir.backend.partitioner import Partitioner
 
+from remote_partitioner.proto.transport import HOOKS
+
 logger = logging.getLogger(__name__)
 
 SpecValue = bool | int | float | str | bytes
 """The scalar types a spec value may have."""
 
 _SPEC_TYPES: tuple[type, ...] = (bool, int, float, str, bytes)
-
-HOOKS = ("partition", "ops_to_not_decompose", "transform_for_pre_decomposition")
-"""The ``Partitioner`` methods that EXIR calls and a partitioner may override."""
 
 ENTRY_POINT_GROUP = "remote_partitioner.partitioners"
 """Entry point group through which other packages add hosted partitioners."""
@@ -274,375 +279,66 @@ class Registry:
         return name in self._hosted
 
 
-# --- spec value parsing -------------------------------------------------------
+# --- spec key helpers, for the backends under server/backends/ and for plugins --------
 
 
-def _split(value: str) -> list[str]:
+def split_list(value: str) -> list[str]:
+    """The items of a comma-separated string, stripped, empty items dropped."""
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def _member(members: Mapping[str, _T], value: str) -> _T:
-    by_lower = {name.lower(): member for name, member in members.items()}
+def member(table: Mapping[str, _T], value: str) -> _T:
+    """The entry of ``table`` that ``value`` names, case-insensitively (surrounding
+    whitespace ignored); ValueError naming the accepted names otherwise."""
+    by_lower = {name.lower(): entry for name, entry in table.items()}
     try:
         return by_lower[value.strip().lower()]
     except KeyError:
-        raise ValueError(f"{value!r} is not one of: {', '.join(members)}") from None
+        raise ValueError(f"{value!r} is not one of: {', '.join(table)}") from None
 
 
-def _enum_key(name: str, members: Mapping[str, Any], default: str | None, doc: str) -> SpecKey:
-    return SpecKey(name, str, default, doc, tuple(members), lambda v: _member(members, v))
-
-
-def _members(members: Mapping[str, _T], value: str) -> list[_T]:
-    parsed = [_member(members, item) for item in _split(value)]
-    for i, member in enumerate(parsed):
-        if member in parsed[:i]:
-            raise ValueError(f"{value!r} names {_split(value)[i]!r} twice")
+def members(table: Mapping[str, _T], value: str) -> list[_T]:
+    """The entries of ``table`` that a comma-separated ``value`` names, in its order (see
+    :func:`member`); ValueError for an unknown name or an entry named twice."""
+    parsed = [member(table, item) for item in split_list(value)]
+    for i, entry in enumerate(parsed):
+        if entry in parsed[:i]:
+            raise ValueError(f"{value!r} names {split_list(value)[i]!r} twice")
     return parsed
 
 
-def _enum_list_key(name: str, members: Mapping[str, Any], doc: str) -> SpecKey:
-    return SpecKey(name, str, None, doc, tuple(members), lambda v: _members(members, v))
+def enum_key(name: str, table: Mapping[str, Any], default: str | None, doc: str) -> SpecKey:
+    """A string key naming one entry of ``table`` (e.g. an ``Enum``'s ``__members__``); the
+    constructor gets the entry."""
+    return SpecKey(name, str, default, doc, tuple(table), lambda v: member(table, v))
 
 
-def _list_key(name: str, doc: str) -> SpecKey:
-    return SpecKey(name, str, None, doc, parse=_split)
+def enum_list_key(name: str, table: Mapping[str, Any], doc: str) -> SpecKey:
+    """A comma-separated string key naming several entries of ``table``; the constructor
+    gets their list (no default: an absent key leaves the partitioner's own)."""
+    return SpecKey(name, str, None, doc, tuple(table), lambda v: members(table, v))
 
 
-def _keys(*keys: SpecKey) -> dict[str, SpecKey]:
+def list_key(name: str, doc: str) -> SpecKey:
+    """A comma-separated string key; the constructor gets the list of items."""
+    return SpecKey(name, str, None, doc, parse=split_list)
+
+
+def key_table(*keys: SpecKey) -> dict[str, SpecKey]:
+    """``keys`` by name, in order (what :attr:`HostedPartitioner.spec_keys` holds)."""
     return {k.name: k for k in keys}
 
 
-def _arguments(keys: Mapping[str, SpecKey], spec: Mapping[str, SpecValue]) -> dict[str, Any]:
-    """Converts a validated spec into constructor arguments, keeping its order."""
+def constructor_arguments(
+    keys: Mapping[str, SpecKey], spec: Mapping[str, SpecValue]
+) -> dict[str, Any]:
+    """Converts a validated spec into constructor arguments (each key's ``parse`` applied),
+    keeping its order; keys absent from ``spec`` stay absent."""
     out: dict[str, Any] = {}
     for name, value in spec.items():
         parse = keys[name].parse
         out[name] = parse(value) if parse is not None else value
     return out
-
-
-# --- built-in partitioners ----------------------------------------------------
-
-
-def _xnnpack() -> HostedPartitioner:
-    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.config.xnnpack_config import (
-        ConfigPrecisionType,
-    )
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    keys = _keys(
-        _enum_list_key(
-            "configs",
-            {c.__name__: c for c in ALL_PARTITIONER_CONFIGS},
-            "comma-separated partitioner config classes to use (e.g. LinearConfig); default all",
-        ),
-        _enum_list_key(
-            "config_precisions",
-            ConfigPrecisionType.__members__,
-            "comma-separated precisions to partition (fp32, static_quant, dynamic_quant); "
-            "default every precision each config supports",
-        ),
-        SpecKey("per_op_mode", bool, False, "one partition per matched op, no merging"),
-        SpecKey(
-            "verbose", bool, False, "set the XNNPACK partitioner logger to DEBUG (process-wide)"
-        ),
-        SpecKey(
-            "force_non_static_weights_for_f32_linear",
-            bool,
-            False,
-            "fp32 linear/addmm/mm: do not delegate the weight (dynamic weights)",
-        ),
-        SpecKey("enable_bf16", bool, False, "also delegate bfloat16 nodes"),
-    )
-
-    def factory(spec: Mapping[str, SpecValue]) -> Partitioner:
-        return XnnpackPartitioner(**_arguments(keys, spec))
-
-    return HostedPartitioner(
-        "xnnpack",
-        "XnnpackBackend",
-        keys,
-        factory,
-        XnnpackPartitioner,
-        "XNNPACK: optimized CPU kernels (fp32, fp16, int8 static and dynamic quantization)",
-    )
-
-
-_COREML_COMPILE_KEYS = (
-    "compute_unit",
-    "minimum_deployment_target",
-    "compute_precision",
-    "model_type",
-    "op_linear_quantizer_config",
-    "pass_names",
-)
-
-
-def _quantizer_config(value: str) -> dict[str, Any]:
-    """Parses a JSON object that coremltools accepts as an OpLinearQuantizerConfig."""
-    import coremltools.optimize as cto
-
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError("expected a JSON object")
-    try:
-        # What CoreMLBackend.preprocess will do with it; fail here rather than there.
-        cto.coreml.OpLinearQuantizerConfig._from_dict(parsed)
-    except Exception as e:
-        causes = "; ".join(str(c) for c in getattr(e, "exceptions", [e]))
-        raise ValueError(f"not a valid OpLinearQuantizerConfig: {causes}") from None
-    return parsed
-
-
-def _coreml() -> HostedPartitioner:
-    import coremltools as ct
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-    from executorch.backends.apple.coreml.compiler import CoreMLBackend
-    from executorch.backends.apple.coreml.compiler.coreml_preprocess import (
-        MULTIMETHOD_WEIGHT_SHARING_STRATEGY,
-    )
-    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
-
-    keys = _keys(
-        _enum_key(
-            "compute_unit", ct.ComputeUnit.__members__, "ALL", "coremltools.ComputeUnit member"
-        ),
-        _enum_key(
-            "minimum_deployment_target",
-            ct.target.__members__,
-            None,
-            "coremltools.target member, e.g. iOS17 or macOS14; default coremltools' own",
-        ),
-        _enum_key(
-            "compute_precision",
-            ct.precision.__members__,
-            "FLOAT16",
-            "coremltools.precision member",
-        ),
-        _enum_key(
-            "model_type",
-            CoreMLBackend.MODEL_TYPE.__members__,
-            "MODEL",
-            "MODEL (mlpackage) or COMPILED_MODEL (mlmodelc)",
-        ),
-        SpecKey(
-            "op_linear_quantizer_config",
-            str,
-            None,
-            "JSON object for coremltools OpLinearQuantizerConfig (post-conversion quantization)",
-            parse=_quantizer_config,
-        ),
-        SpecKey(
-            "pass_names",
-            str,
-            None,
-            "comma-separated coremltools passes (e.g. common::const_elimination) to run "
-            "instead of the DEFAULT pipeline",
-            tuple(sorted(PASS_REGISTRY.passes)),
-            lambda v: [_member({p: p for p in PASS_REGISTRY.passes}, i) for i in _split(v)],
-        ),
-        _enum_key(
-            "multimethod_weight_sharing_strategy",
-            MULTIMETHOD_WEIGHT_SHARING_STRATEGY.__members__,
-            "POSITIONAL",
-            "weight sharing across methods: POSITIONAL or DISABLED",
-        ),
-        _list_key(
-            "skip_ops_for_coreml_delegation",
-            "comma-separated op names kept out of CoreML, lower case, e.g. aten.mm.default",
-        ),
-        SpecKey("take_over_mutable_buffer", bool, True, "delegate mutable buffers as CoreML state"),
-        SpecKey("lower_full_graph", bool, False, "require the whole graph to be delegated"),
-        SpecKey("take_over_constant_data", bool, True, "delegate constant data (weights)"),
-    )
-
-    def factory(spec: Mapping[str, SpecValue]) -> Partitioner:
-        args = _arguments(keys, spec)
-        compile_args = {k: args.pop(k) for k in _COREML_COMPILE_KEYS if k in args}
-        strategy = args.pop("multimethod_weight_sharing_strategy", None)
-        if compile_args or strategy is not None:
-            specs = CoreMLBackend.generate_compile_specs(**compile_args)
-            if strategy is not None:
-                specs.append(
-                    CoreMLBackend.generate_multimethod_weight_sharing_strategy_compile_spec(
-                        strategy
-                    )
-                )
-            args["compile_specs"] = specs
-        if args.get("lower_full_graph"):
-            # The constructor asserts these (a bare AssertionError): name the key instead.
-            conflicts = {
-                "skip_ops_for_coreml_delegation": bool(args.get("skip_ops_for_coreml_delegation")),
-                "take_over_constant_data": args.get("take_over_constant_data") is False,
-                "take_over_mutable_buffer": args.get("take_over_mutable_buffer") is False,
-            }
-            for key, conflict in conflicts.items():
-                if conflict:
-                    raise InvalidSpecError(
-                        key,
-                        keys[key].type.__name__,
-                        f"coreml: spec key {key!r} conflicts with lower_full_graph=True",
-                    )
-        return CoreMLPartitioner(**args)
-
-    return HostedPartitioner(
-        "coreml",
-        "CoreMLBackend",
-        keys,
-        factory,
-        CoreMLPartitioner,
-        "Core ML: Apple CPU, GPU and Neural Engine through coremltools",
-    )
-
-
-_VULKAN_CONSTRUCTOR_KEYS = (
-    "operator_blocklist",
-    "operator_allowlist",
-    "nn_module_blocklist",
-    "nn_module_allowlist",
-)
-
-
-def _texture_limits(value: str) -> tuple[int, int, int]:
-    parts = _split(value)
-    try:
-        x, y, z = (int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"{value!r} is not three comma-separated integers x,y,z") from None
-    if min(x, y, z) <= 0:
-        raise ValueError(f"{value!r}: texture limits must be positive")
-    return (x, y, z)
-
-
-def _positive(limit: int) -> Callable[[int], int]:
-    def parse(value: int) -> int:
-        if not 0 < value < limit:
-            raise ValueError(f"{value} is not in 1..{limit - 1}")
-        return value
-
-    return parse
-
-
-def _edge_ops(value: str) -> list[object]:
-    """Parses comma-separated operator names into the keys Vulkan's op lists hold.
-
-    ``namespace.op[.overload]`` (overload defaults to "default") resolves to the edge
-    dialect operator, e.g. ``aten.add.Tensor`` to ``exir_ops.edge.aten.add.Tensor``;
-    a ``namespace::op`` name (a custom op under auto_functionalized) stays a string.
-    """
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    ops: list[object] = []
-    for item in _split(value):
-        if "::" in item:
-            ops.append(item)
-            continue
-        parts = item.split(".")
-        if len(parts) == 2:
-            parts.append("default")
-        if len(parts) != 3 or not all(parts):
-            raise ValueError(
-                f"{item!r} is not an operator name namespace.op.overload (e.g. aten.add.Tensor) "
-                "or namespace::op"
-            )
-        try:
-            ops.append(getattr(getattr(getattr(exir_ops.edge, parts[0]), parts[1]), parts[2]))
-        except Exception:
-            raise ValueError(f"{item!r} is not a known edge dialect operator") from None
-    return ops
-
-
-def _vulkan() -> HostedPartitioner:
-    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
-    from executorch.backends.vulkan.serialization.vulkan_graph_schema import (
-        VkMemoryLayout,
-        VkStorageType,
-    )
-
-    keys = _keys(
-        # compile_options, read by the partitioner and/or VulkanBackend.preprocess
-        SpecKey(
-            "texture_limits",
-            str,
-            None,
-            "x,y,z image texture limits; default 16384,16384,2048 (2048,2048,2048 if small)",
-            parse=_texture_limits,
-        ),
-        SpecKey("small_texture_limits", bool, False, "use 2048,2048,2048 texture limits"),
-        SpecKey(
-            "buffer_limit",
-            int,
-            None,
-            "buffer numel limit handed to the op support check (unused there in 1.5.1)",
-            parse=_positive(1 << 63),
-        ),
-        SpecKey("require_dynamic_shapes", bool, False, "only delegate ops that support resizing"),
-        SpecKey("skip_bool_tensors", bool, False, "do not delegate ops with bool tensors"),
-        _enum_key(
-            "storage_type_override",
-            VkStorageType.__members__,
-            None,
-            "default tensor storage (VkStorageType); default TEXTURE_3D",
-        ),
-        _enum_key(
-            "memory_layout_override",
-            VkMemoryLayout.__members__,
-            None,
-            "default tensor memory layout (VkMemoryLayout); default TENSOR_WIDTH_PACKED",
-        ),
-        SpecKey("skip_tag_memory_metadata", bool, False, "skip the TagMemoryMetaPass"),
-        SpecKey("downcast_64_bit", bool, True, "store 64-bit tensors as 32-bit"),
-        SpecKey("force_fp16", bool, False, "run float32 tensors as float16"),
-        SpecKey("skip_memory_planning", bool, False, "skip memory planning in preprocess"),
-        SpecKey("alias_buffer_mutations", bool, False, "alias mutated buffers instead of copying"),
-        SpecKey(
-            "external_constants_max_data_bytes",
-            int,
-            None,
-            "move constants into named data chunks of at most this many bytes",
-            parse=_positive(1 << 64),
-        ),
-        # constructor arguments
-        SpecKey(
-            "operator_blocklist",
-            str,
-            None,
-            "comma-separated ops never delegated, e.g. aten.add.Tensor",
-            parse=_edge_ops,
-        ),
-        SpecKey(
-            "operator_allowlist",
-            str,
-            None,
-            "comma-separated ops that alone may be delegated (torch ops only)",
-            parse=_edge_ops,
-        ),
-        _list_key("nn_module_blocklist", "comma-separated nn.Module type name substrings to skip"),
-        _list_key("nn_module_allowlist", "comma-separated nn.Module type name substrings to keep"),
-    )
-
-    def factory(spec: Mapping[str, SpecValue]) -> Partitioner:
-        args = _arguments(keys, spec)
-        # Client order is kept: bool and enum options become compile specs in this order.
-        options = {k: v for k, v in args.items() if k not in _VULKAN_CONSTRUCTOR_KEYS}
-        kwargs = {k: v for k, v in args.items() if k in _VULKAN_CONSTRUCTOR_KEYS}
-        if options:
-            kwargs["compile_options"] = options
-        return VulkanPartitioner(**kwargs)
-
-    return HostedPartitioner(
-        "vulkan",
-        "VulkanBackend",
-        keys,
-        factory,
-        VulkanPartitioner,
-        "Vulkan: GPU compute shaders",
-    )
 
 
 @contextlib.contextmanager
@@ -658,10 +354,12 @@ def _root_logging_kept() -> Iterator[None]:
         root.handlers[:] = handlers
 
 
-_BUILTINS: tuple[tuple[str, Callable[[], HostedPartitioner]], ...] = (
-    ("xnnpack", _xnnpack),
-    ("coreml", _coreml),
-    ("vulkan", _vulkan),
+#: The built-in hosted partitioners: name, and the module under server/backends/ whose
+#: ``hosted()`` builds it, in the order they are registered.
+BUILTIN_BACKENDS: tuple[tuple[str, str], ...] = (
+    ("xnnpack", "remote_partitioner.server.backends.xnnpack"),
+    ("coreml", "remote_partitioner.server.backends.coreml"),
+    ("vulkan", "remote_partitioner.server.backends.vulkan"),
 )
 
 
@@ -672,10 +370,10 @@ def builtin_partitioners() -> list[HostedPartitioner]:
     raises.
     """
     hosted = []
-    for name, make in _BUILTINS:
+    for name, module in BUILTIN_BACKENDS:
         try:
             with _root_logging_kept():
-                hosted.append(make())
+                hosted.append(importlib.import_module(module).hosted())
         except Exception as e:
             logger.warning("partitioner %r not available: %s: %s", name, type(e).__name__, e)
     return hosted

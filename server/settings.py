@@ -1,12 +1,14 @@
 """The server's settings and their defaults; light to import (the command line reads them
-before anything heavy is loaded)."""
+before anything heavy is loaded). :data:`DEFAULT_ADDRESS`, where ``serve`` listens unless told
+otherwise, is :data:`remote_partitioner.proto.transport.DEFAULT_ADDRESS`, re-exported."""
 
 from __future__ import annotations
 
 import dataclasses
 
-#: Where ``serve`` listens unless told otherwise: loopback only.
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+from remote_partitioner.proto.transport import DEFAULT_ADDRESS
+
+__all__ = ["DEFAULT_ADDRESS", "Limits"]
 
 
 @dataclasses.dataclass(frozen=True)

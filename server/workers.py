@@ -31,6 +31,10 @@ from typing import IO, Any
 
 logger = logging.getLogger("remote_partitioner.server")
 
+#: The module each worker process runs (``python -m``): the server's own serve-only entry
+#: point, not the console script's package (:mod:`remote_partitioner.cli`), so that a worker
+#: loads no client code and server/ depends on nothing above it.
+WORKER_MODULE = "remote_partitioner.server.cli"
 #: The line a ``serve`` process prints once it listens (the tests and the demo read it).
 LISTENING = re.compile(r" on (\S+:\d+)$")
 #: How long a worker may take to start listening.
@@ -75,7 +79,7 @@ class _Worker:
         """Start the process (it needs a while to import ExecuTorch before it listens)."""
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "remote_partitioner.server.cli", *self.argv],
+            [sys.executable, "-m", WORKER_MODULE, *self.argv],
             stdout=subprocess.PIPE, text=True,
         )
 

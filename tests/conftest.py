@@ -44,7 +44,7 @@ def _serve(
     goes to a file (a pipe nobody reads would fill up and block the server)."""
     log = (tmp_path_factory.mktemp("server") / "server.log").open("w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+        [sys.executable, "-m", "remote_partitioner.cli", "serve",
          "--address", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},

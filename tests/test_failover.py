@@ -137,7 +137,7 @@ def replicas(tmp_path: Path, *extra: str) -> Iterator[list[Replica]]:
             log_path = tmp_path / f"replica{k}.log"
             with log_path.open("w") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+                    [sys.executable, "-m", "remote_partitioner.cli", "serve",
                      "--address", "127.0.0.1:0", "--no-plugins", "--log-level", "INFO",
                      "--metrics-port", "0", *extra],
                     stdout=subprocess.PIPE, stderr=log, text=True,

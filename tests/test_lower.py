@@ -81,7 +81,7 @@ def test_lower_errors(server_address: str, archive: bytes) -> None:
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "remote_partitioner.server.cli", *args],
+        [sys.executable, "-m", "remote_partitioner.cli", *args],
         capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )

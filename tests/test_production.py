@@ -352,7 +352,7 @@ def test_health_per_service(server: Server) -> None:
 
 
 def test_cli_refuses_plaintext_on_a_public_address(capsys: pytest.CaptureFixture[str]) -> None:
-    from remote_partitioner.server.cli import main
+    from remote_partitioner.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["serve", "--address", "0.0.0.0:0"])

@@ -124,7 +124,7 @@ def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
     log_path = tmp_path / "server.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "remote_partitioner.server.cli", "serve",
+            [sys.executable, "-m", "remote_partitioner.cli", "serve",
              "--address", "127.0.0.1:0", "--grace", str(GRACE_S),
              "--result-cache-bytes", "0"],  # the call in flight must really run
             stdout=subprocess.PIPE, stderr=log, text=True,

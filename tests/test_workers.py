@@ -42,7 +42,7 @@ def _wait(predicate: object, seconds: float) -> bool:
 def test_two_workers_share_one_port_and_blob_dir(tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_partitioner.server.cli", "serve", "--address",
+        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--address",
          "127.0.0.1:0", "--workers", "2", "--blob-dir", str(blobs), "--grace", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -98,14 +98,14 @@ def test_two_workers_share_one_port_and_blob_dir(tmp_path: Path) -> None:
 
 def test_workers_refuse_what_one_server_refuses() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "remote_partitioner.server.cli", "serve", "--address",
+        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--address",
          "0.0.0.0:0", "--workers", "2"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
     assert "refusing to listen" in result.stderr
     bad = subprocess.run(
-        [sys.executable, "-m", "remote_partitioner.server.cli", "serve", "--workers", "0"],
+        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--workers", "0"],
         capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and "not a positive number" in bad.stderr

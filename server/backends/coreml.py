@@ -1,0 +1,154 @@
+"""The hosted ``coreml`` partitioner: ExecuTorch's ``CoreMLPartitioner``, its spec keys, and
+the compile specs they become."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from executorch.exir.backend.partitioner import Partitioner
+
+from remote_partitioner.server.registry import (
+    HostedPartitioner,
+    InvalidSpecError,
+    SpecKey,
+    SpecValue,
+    constructor_arguments,
+    enum_key,
+    key_table,
+    list_key,
+    member,
+    split_list,
+)
+
+_COREML_COMPILE_KEYS = (
+    "compute_unit",
+    "minimum_deployment_target",
+    "compute_precision",
+    "model_type",
+    "op_linear_quantizer_config",
+    "pass_names",
+)
+
+
+def _quantizer_config(value: str) -> dict[str, Any]:
+    """Parses a JSON object that coremltools accepts as an OpLinearQuantizerConfig."""
+    import coremltools.optimize as cto
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object")
+    try:
+        # What CoreMLBackend.preprocess will do with it; fail here rather than there.
+        cto.coreml.OpLinearQuantizerConfig._from_dict(parsed)
+    except Exception as e:
+        causes = "; ".join(str(c) for c in getattr(e, "exceptions", [e]))
+        raise ValueError(f"not a valid OpLinearQuantizerConfig: {causes}") from None
+    return parsed
+
+
+def hosted() -> HostedPartitioner:
+    """The hosted ``coreml`` partitioner (imports coremltools and ExecuTorch's Core ML
+    backend; raises if they cannot be imported)."""
+    import coremltools as ct
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+    from executorch.backends.apple.coreml.compiler.coreml_preprocess import (
+        MULTIMETHOD_WEIGHT_SHARING_STRATEGY,
+    )
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    keys = key_table(
+        enum_key(
+            "compute_unit", ct.ComputeUnit.__members__, "ALL", "coremltools.ComputeUnit member"
+        ),
+        enum_key(
+            "minimum_deployment_target",
+            ct.target.__members__,
+            None,
+            "coremltools.target member, e.g. iOS17 or macOS14; default coremltools' own",
+        ),
+        enum_key(
+            "compute_precision",
+            ct.precision.__members__,
+            "FLOAT16",
+            "coremltools.precision member",
+        ),
+        enum_key(
+            "model_type",
+            CoreMLBackend.MODEL_TYPE.__members__,
+            "MODEL",
+            "MODEL (mlpackage) or COMPILED_MODEL (mlmodelc)",
+        ),
+        SpecKey(
+            "op_linear_quantizer_config",
+            str,
+            None,
+            "JSON object for coremltools OpLinearQuantizerConfig (post-conversion quantization)",
+            parse=_quantizer_config,
+        ),
+        SpecKey(
+            "pass_names",
+            str,
+            None,
+            "comma-separated coremltools passes (e.g. common::const_elimination) to run "
+            "instead of the DEFAULT pipeline",
+            tuple(sorted(PASS_REGISTRY.passes)),
+            lambda v: [member({p: p for p in PASS_REGISTRY.passes}, i) for i in split_list(v)],
+        ),
+        enum_key(
+            "multimethod_weight_sharing_strategy",
+            MULTIMETHOD_WEIGHT_SHARING_STRATEGY.__members__,
+            "POSITIONAL",
+            "weight sharing across methods: POSITIONAL or DISABLED",
+        ),
+        list_key(
+            "skip_ops_for_coreml_delegation",
+            "comma-separated op names kept out of CoreML, lower case, e.g. aten.mm.default",
+        ),
+        SpecKey("take_over_mutable_buffer", bool, True, "delegate mutable buffers as CoreML state"),
+        SpecKey("lower_full_graph", bool, False, "require the whole graph to be delegated"),
+        SpecKey("take_over_constant_data", bool, True, "delegate constant data (weights)"),
+    )
+
+    def factory(spec: Mapping[str, SpecValue]) -> Partitioner:
+        args = constructor_arguments(keys, spec)
+        compile_args = {k: args.pop(k) for k in _COREML_COMPILE_KEYS if k in args}
+        strategy = args.pop("multimethod_weight_sharing_strategy", None)
+        if compile_args or strategy is not None:
+            specs = CoreMLBackend.generate_compile_specs(**compile_args)
+            if strategy is not None:
+                specs.append(
+                    CoreMLBackend.generate_multimethod_weight_sharing_strategy_compile_spec(
+                        strategy
+                    )
+                )
+            args["compile_specs"] = specs
+        if args.get("lower_full_graph"):
+            # The constructor asserts these (a bare AssertionError): name the key instead.
+            conflicts = {
+                "skip_ops_for_coreml_delegation": bool(args.get("skip_ops_for_coreml_delegation")),
+                "take_over_constant_data": args.get("take_over_constant_data") is False,
+                "take_over_mutable_buffer": args.get("take_over_mutable_buffer") is False,
+            }
+            for key, conflict in conflicts.items():
+                if conflict:
+                    raise InvalidSpecError(
+                        key,
+                        keys[key].type.__name__,
+                        f"coreml: spec key {key!r} conflicts with lower_full_graph=True",
+                    )
+        return CoreMLPartitioner(**args)
+
+    return HostedPartitioner(
+        "coreml",
+        "CoreMLBackend",
+        keys,
+        factory,
+        CoreMLPartitioner,
+        "Core ML: Apple CPU, GPU and Neural Engine through coremltools",
+    )
