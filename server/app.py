@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from grpc_reflection.v1alpha import reflection
 
 from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
@@ -63,7 +64,7 @@ class Server:
         self._stopping = False
         self._server: grpc.aio.Server | None = None
         self.servicer: RemotePartitionerServicer | None = None
-        self.health: health.aio.HealthServicer | None = None
+        self.health: health_aio.HealthServicer | None = None
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -174,7 +175,7 @@ def create_server(
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
         servicer = RemotePartitionerServicer(instance, io_threads=io_threads)
         pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
-        health_servicer = health.aio.HealthServicer()
+        health_servicer = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server

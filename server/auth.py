@@ -137,7 +137,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             ))
         return None
 
-    async def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None: no such method
         self,
         continuation: Callable[
             [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]
@@ -165,8 +165,8 @@ def _rejecting_handler(
         logger.warning(
             "rejected %s from %s: %s", method, context.peer(), status.code.name  # type: ignore[attr-defined]
         )
-        await context.abort_with_status(status)
-        raise AssertionError("abort_with_status returned")  # pragma: no cover
+        await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
+        raise AssertionError("abort returned")  # pragma: no cover
 
     request_streaming = bool(handler is not None and handler.request_streaming)
     response_streaming = bool(handler is not None and handler.response_streaming)

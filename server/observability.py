@@ -386,7 +386,7 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
 
     # -- plumbing
 
-    async def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None: no such method
         self,
         continuation: Callable[
             [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]

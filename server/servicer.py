@@ -54,8 +54,9 @@ class StreamStats:
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
-    await context.abort_with_status(make_status(error))
-    raise AssertionError("abort_with_status returned")  # pragma: no cover
+    status = make_status(error)
+    await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
+    raise AssertionError("abort returned")  # pragma: no cover
 
 
 def _time_remaining(context: grpc.aio.ServicerContext) -> TimeRemaining:
