@@ -168,10 +168,12 @@ class RemotePartitioner(Partitioner):
         #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
         #: graphs (graph JSON and Program messages); hook calls answered from memory; hook
         #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
-        #: although their blobs had been uploaded (evicted, or another replica answered).
+        #: although their blobs had been uploaded (evicted, or another replica answered), and
+        #: after the server refused them as overloaded (RetryInfo: too many hook calls, or too
+        #: many upload bytes in flight).
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
                       "graph_bytes_uploaded": 0, "memo_hits": 0, "unavailable_retries": 0,
-                      "blob_missing_retries": 0}
+                      "blob_missing_retries": 0, "overloaded_retries": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -335,6 +337,7 @@ class RemotePartitioner(Partitioner):
                     continue
                 if e.retry_delay is not None and waits < self.max_retries:
                     waits += 1  # the server is busy and said when to come back
+                    self.stats["overloaded_retries"] += 1
                     time.sleep(min(e.retry_delay, 30.0))
                     continue
                 raise

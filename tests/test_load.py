@@ -1,0 +1,254 @@
+"""Load: stalled and slow streams cost the server memory, not its ability to serve.
+
+Each test starts ``remote-partitioner serve`` in its own process on a free loopback port and
+holds streams open against it from this process (``grpc.aio`` clients on an event loop of
+their own, so that hundreds of streams cost this process no threads either). Every loop is
+bounded in count and time, and every stream is cancelled when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from conftest import _serve
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from models import small_models
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
+from remote_partitioner.proto.digests import digest_of
+from remote_partitioner.proto.errors import Reason
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+MIB = 1 << 20
+#: Streams per channel (HTTP/2 lets a client open many; a few channels spread them).
+STREAMS_PER_CHANNEL = 64
+
+
+class StalledStreams:
+    """``count`` streams held open against ``target`` from an event loop in a thread of its own.
+
+    ``kind`` "upload": each stream declares a blob of ``blob_bytes`` and sends its first KiB,
+    then nothing. ``kind`` "read": each stream asks for ``digest`` and never reads a message.
+    """
+
+    def __init__(self, target: str, count: int, kind: str, *, blob_bytes: int = 8 * MIB,
+                 digest: pb.Digest | None = None) -> None:
+        self.target, self.count, self.kind = target, count, kind
+        self.blob_bytes, self.digest = blob_bytes, digest
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._channels: list[grpc.aio.Channel] = []
+        self._calls: list[Any] = []
+
+    def _run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _open(self) -> None:
+        for i in range(self.count):
+            if i % STREAMS_PER_CHANNEL == 0:
+                self._channels.append(grpc.aio.insecure_channel(self.target))
+            stub = pb_grpc.RemotePartitionerStub(self._channels[-1])
+            if self.kind == "upload":
+                call = stub.UploadBlobs()
+                # A distinct blob per stream, so that each one reserves its own bytes.
+                declared = pb.Digest(hash=f"{i:064x}", size_bytes=self.blob_bytes)
+                first = pb.UploadBlobsRequest(digest=declared, offset=0, data=b"\0" * 1024)
+                await call.write(first)
+            else:
+                call = stub.ReadBlobs(pb.ReadBlobsRequest(digests=[self.digest]))
+                await call.initial_metadata()
+            self._calls.append(call)
+
+    async def _close(self) -> None:
+        for call in self._calls:
+            call.cancel()
+        for channel in self._channels:
+            await channel.close()
+
+    def __enter__(self) -> StalledStreams:
+        self._thread.start()
+        self._run(self._open(), timeout=120)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._run(self._close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def done(self) -> int:
+        """How many of the streams the server has ended."""
+        return sum(1 for call in self._calls if call.done())
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def check_prompt(target: str) -> dict[str, float]:
+    """Health and ListPartitioners each answer within a second; their latencies."""
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        check = timed(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=1.0))
+        listed = timed(lambda: stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=1.0))
+    return {"health": check, "list": listed}
+
+
+def lower_pte(partitioner: Any) -> bytes:
+    model, inputs = small_models()["mlp"]
+    ep = torch.export.export(model, inputs)
+    return bytes(to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer)
+
+
+@pytest.fixture(scope="module")
+def local_pte() -> bytes:
+    return lower_pte(XnnpackPartitioner())
+
+
+@pytest.fixture()
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+           ) -> Iterator[str]:
+    """A server process with the flags the test's ``server_args`` marker names."""
+    marker = request.node.get_closest_marker("server_args")
+    with _serve(tmp_path_factory, *(marker.args if marker else ())) as (_, target):
+        yield target
+
+
+@pytest.mark.slow
+def test_512_stalled_uploads_leave_health_and_partitioning_prompt(
+    server: str, local_pte: bytes
+) -> None:
+    # 512 x 1 MiB declared: within the default in-flight bound (2 GiB), so every stream stays
+    # open, stalled, while the checks run.
+    with StalledStreams(server, 512, "upload", blob_bytes=MIB) as stalled:
+        latencies = check_prompt(server)
+        assert max(latencies.values()) < 1.0, latencies
+        remote = RemotePartitioner(server, "xnnpack", timeout=120)
+        assert lower_pte(remote) == local_pte
+        assert check_prompt(server)
+        assert stalled.done() == 0, f"{stalled.done()} stalled streams ended early"
+
+
+@pytest.mark.server_args("--stream-idle-seconds", "30")
+def test_slow_readers_leave_health_and_partitioning_prompt(
+    server: str, local_pte: bytes
+) -> None:
+    data = bytes(range(256)) * (16 * MIB // 256)  # 16 chunks: far beyond a reader's window
+    digest = digest_of(data)
+    with grpc.insecure_channel(server) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        stub.UploadBlobs(iter(
+            pb.UploadBlobsRequest(digest=digest, offset=off, data=data[off : off + MIB])
+            for off in range(0, len(data), MIB)
+        ), timeout=60)
+    with StalledStreams(server, 64, "read", digest=digest) as stalled:
+        assert max(check_prompt(server).values()) < 1.0
+        remote = RemotePartitioner(server, "xnnpack", timeout=120)
+        assert lower_pte(remote) == local_pte
+        assert stalled.done() == 0  # slow, not idle for 30 s: still open
+
+
+@pytest.mark.server_args("--max-inflight-bytes", str(12 * MIB), "--stream-idle-seconds", "2")
+def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
+    blob = b"\1" * (10 * MIB)
+    digest = digest_of(blob)
+    release = threading.Event()
+
+    def stalled_upload() -> Iterator[pb.UploadBlobsRequest]:
+        yield pb.UploadBlobsRequest(digest=digest, offset=0, data=blob[:MIB])
+        release.wait(30)  # bounded: the server gives up after 2 s
+
+    with grpc.insecure_channel(server) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        future = stub.UploadBlobs.future(stalled_upload(), timeout=60)
+        try:
+            # While the stalled stream holds 10 of the 12 MiB, another 10 MiB blob is refused
+            # at once with a RetryInfo.
+            time.sleep(0.5)
+            other = b"\2" * (10 * MIB)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.UploadBlobs(iter([pb.UploadBlobsRequest(
+                    digest=digest_of(other), offset=0, data=other[:MIB])]), timeout=30)
+            error = from_rpc_error(refused.value)
+            assert (error.code, error.reason) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED.value
+            ), error
+            assert error.retry_delay is not None and error.retry_delay > 0
+
+            # The stalled stream is cancelled with a clear status after its idle time.
+            with pytest.raises(grpc.RpcError) as idle:
+                future.result(timeout=30)
+            error = from_rpc_error(idle.value)
+            assert (error.code, error.reason) == (
+                grpc.StatusCode.DEADLINE_EXCEEDED, Reason.STREAM_IDLE.value
+            ), error
+            assert digest.hash in str(error) and "discarded" in str(error)
+        finally:
+            release.set()
+        # Nothing of it was stored, and its reservation is free again: the other blob passes.
+        missing = stub.FindMissingBlobs(pb.FindMissingBlobsRequest(digests=[digest]), timeout=10)
+        assert list(missing.missing_digests) == [digest]
+        committed = stub.UploadBlobs(iter(
+            pb.UploadBlobsRequest(digest=digest_of(other), offset=off, data=other[off:off + MIB])
+            for off in range(0, len(other), MIB)
+        ), timeout=30)
+        assert list(committed.committed_digests) == [digest_of(other)]
+
+
+@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "3")
+def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
+    server: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU())  # 2 MiB of weights
+    inputs = (torch.randn(2, 512),)
+    ep = torch.export.export(model, inputs)
+    local = bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+                  .to_executorch().buffer)
+    # A stalled stream holds 3.5 of the 4 MiB until the server cancels it (3 s idle), so the
+    # client's first uploads are refused as OVERLOADED; it waits as told and tries again.
+    with StalledStreams(server, 1, "upload", blob_bytes=7 * MIB // 2):
+        remote = RemotePartitioner(server, "xnnpack", timeout=120, max_retries=20)
+        ep = torch.export.export(model, inputs)
+        pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
+    assert pte == local
+    assert remote.stats["overloaded_retries"] >= 1, remote.stats
+
+
+def test_stalled_streams_are_cancelled_cleanly_on_shutdown(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """SIGTERM with stalled uploads open: the server exits 0 within its grace period."""
+    with contextlib.ExitStack() as stack:
+        proc, target = stack.enter_context(_serve(tmp_path_factory, "--grace", "2"))
+        stack.enter_context(StalledStreams(target, 32, "upload"))
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_a_bad_stream_request_is_refused_without_blocking(server: str) -> None:
+    """A chunk out of order is refused at once even while other streams stall."""
+    with StalledStreams(server, 16, "upload"), grpc.insecure_channel(server) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        d = digest_of(b"abc")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.UploadBlobs(iter([pb.UploadBlobsRequest(digest=d, offset=1, data=b"bc")]),
+                             timeout=5)
+        assert from_rpc_error(e.value).reason == Reason.BAD_CHUNK.value
+        assert isinstance(from_rpc_error(e.value), RemotePartitionerError)
