@@ -2,8 +2,10 @@
 #
 #   make demo    start a server, lower a real model through it, compare with the local lowering
 #   make test    check generated code, lint, run the whole test suite (PYTEST_ARGS=... passes on)
+#   make test-fast  the same checks, then the tests not marked slow (under 3 minutes on 2 cores)
 #   make serve   run the server on $(ADDRESS)
-#   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on)
+#   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
+#                then the load figures (make bench-load: stalled streams, concurrent uploads)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +20,7 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test demo serve bench clean distclean
+.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load clean distclean
 
 venv: $(STAMP)
 
@@ -59,7 +61,13 @@ lint: venv
 		-m remote_partitioner.proto.digests -m remote_partitioner.proto.transport
 
 test: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS) tests
+
+# The quick loop: everything but the tests marked `slow` (soaks, fleets of server processes,
+# the large example models). Still byte-identical lowerings of real models, every error path
+# and the security checks.
+test-fast: venv node-client check-proto lint
+	$(BIN)/python -m pytest -q -ra -m "not slow" --durations=10 $(PYTEST_ARGS) tests
 
 demo: venv
 	$(BIN)/python scripts/demo.py
@@ -69,6 +77,11 @@ serve: venv
 
 bench: venv
 	$(BIN)/python bench/bench.py --json build/bench.json $(BENCH_ARGS)
+	$(BIN)/python bench/load.py --json build/bench-load.json
+
+# Throughput and latency with stalled streams, memory under concurrent uploads (~3 min).
+bench-load: venv
+	$(BIN)/python bench/load.py --json build/bench-load.json
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -420,10 +420,15 @@ def _check_server_args(p: _Pod, ns: argparse.Namespace) -> None:
             p.err(f"--metrics-port {ns.metrics_port} is not a container port")
         if ns.metrics_address in LOOPBACK:
             p.err("--metrics-address is loopback: Prometheus cannot scrape it")
-    threads, admitted = getattr(ns, "threads", None), getattr(ns, "max_concurrent", None)
-    if threads is not None and admitted is not None and admitted >= threads:
-        p.err(f"--max-concurrent {admitted} >= --threads {threads}: waiting hook calls can "
-              "hold every RPC thread and starve the health probes")
+    # Upload bytes in flight are held in memory by every worker at once: their bound, summed
+    # over the workers, must leave room under the memory limit.
+    inflight, workers = getattr(ns, "max_inflight_bytes", None), getattr(ns, "workers", 1)
+    limit = p.container.get("resources", {}).get("limits", {}).get("memory")
+    if inflight is not None and limit is not None and (
+        inflight * workers >= quantity(limit, "memory")
+    ):
+        p.err(f"--max-inflight-bytes {inflight} x {workers} worker(s) reaches the memory limit "
+              f"{limit}: concurrent uploads could get the pod killed")
 
 
 def _check_shutdown(p: _Pod, ns: argparse.Namespace) -> None:

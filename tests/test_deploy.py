@@ -263,6 +263,16 @@ def test_catches_a_short_termination_grace(base: Any) -> None:
     assert "terminationGracePeriodSeconds 30 is not above" in _errors(base)
 
 
+def test_catches_upload_bytes_in_flight_past_the_memory_limit(base: Any) -> None:
+    assert "--max-inflight-bytes" not in _errors(base)
+    args = _server(base)["args"]
+    args[:] = [a for a in args if not a.startswith("--max-inflight-bytes")]
+    args.append("--max-inflight-bytes=4294967296")  # 2 workers x 4 GiB against a 6 GiB limit
+    assert "--max-inflight-bytes 4294967296 x 2 worker(s) reaches the memory limit" in _errors(
+        base
+    )
+
+
 def test_catches_an_unknown_flag(base: Any) -> None:
     _server(base)["args"].append("--no-such-flag=1")
     errors = _errors(base)

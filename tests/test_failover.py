@@ -58,6 +58,9 @@ from remote_partitioner.client.channel import (
 )
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
+#: Minutes of subprocess fleets and soaks: `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 REPLICAS = 3
 THREADS = 4
 LOWERINGS = 8

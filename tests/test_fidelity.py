@@ -26,6 +26,14 @@ EXAMPLE_MODELS = [
     "linear", "add_mul", "softmax", "conv1d", "lstm", "ds_cnn", "deep_autoencoder",
     "mobilenet_v1_025", "resnet8", "sdpa",
 ]
+#: The example models `make test-fast` lowers (a few seconds each); the rest are `slow`.
+FAST_MODELS = ("linear", "add_mul", "softmax", "conv1d")
+slow = pytest.mark.slow
+
+
+def by_speed(names: list[str], fast: tuple[str, ...] = FAST_MODELS) -> list[Any]:
+    """``names`` as parameters, those not in ``fast`` marked slow."""
+    return [pytest.param(n, marks=() if n in fast else slow) for n in names]
 
 
 def example(name: str) -> tuple[ExportedProgram, tuple[Any, ...]]:
@@ -85,13 +93,14 @@ def xnnpack(server_address: str) -> RemotePartitioner:
     return RemotePartitioner(server_address, "xnnpack", timeout=600)
 
 
-@pytest.mark.parametrize("name", EXAMPLE_MODELS)
+@pytest.mark.parametrize("name", by_speed(EXAMPLE_MODELS))
 def test_example_model_byte_identical(name: str, xnnpack: RemotePartitioner) -> None:
     ep, inputs = example(name)
     assert_same_lowering(ep, XnnpackPartitioner(), xnnpack, {"forward": inputs})
     assert xnnpack.stats["bytes_uploaded"] > 0
 
 
+@slow
 def test_remote_outputs_match_eager(xnnpack: RemotePartitioner) -> None:
     ep, inputs = example("mobilenet_v1_025")
     pte = lower(ep, xnnpack).to_executorch().buffer
@@ -100,6 +109,7 @@ def test_remote_outputs_match_eager(xnnpack: RemotePartitioner) -> None:
     assert got.abs().sum() > 0
 
 
+@slow
 def test_pt2e_quantized_model(xnnpack: RemotePartitioner) -> None:
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
@@ -175,6 +185,7 @@ class _Cond(torch.nn.Module):
         return self.fc(torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.offset)))
 
 
+@slow
 def test_control_flow_cond(xnnpack: RemotePartitioner) -> None:
     torch.manual_seed(0)
     model = _Cond().eval()
@@ -247,7 +258,7 @@ def test_to_backend_path(xnnpack: RemotePartitioner) -> None:
 # ------------------------------------------------------------------ hooks, one by one
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v1_025", "lstm", "sdpa"])
+@pytest.mark.parametrize("name", by_speed(["mobilenet_v1_025", "lstm", "sdpa"], ("sdpa",)))
 def test_filter_answers_equal_on_every_node(name: str, xnnpack: RemotePartitioner) -> None:
     """On every program ``to_edge_transform_and_lower`` asks about, the remote filter answers
     what XNNPACK's own filter answers, node by node."""
@@ -298,15 +309,22 @@ def _partition_both(
     return want, got
 
 
+PARTITIONERS = {
+    "coreml": "executorch.backends.apple.coreml.partition:CoreMLPartitioner",
+    "vulkan": "executorch.backends.vulkan.partitioner.vulkan_partitioner:VulkanPartitioner",
+    "xnnpack": "executorch.backends.xnnpack.partition.xnnpack_partitioner:XnnpackPartitioner",
+}
+#: (model, partitioner) pairs `make test-fast` checks: one model per backend that is quick.
+FAST_PAIRS = {("ds_cnn", "coreml"), ("ds_cnn", "xnnpack"), ("sdpa", "xnnpack")}
+
+
 @pytest.mark.parametrize(
-    ("partitioner", "factory"),
+    ("partitioner", "factory", "name"),
     [
-        ("coreml", "executorch.backends.apple.coreml.partition:CoreMLPartitioner"),
-        ("vulkan", "executorch.backends.vulkan.partitioner.vulkan_partitioner:VulkanPartitioner"),
-        ("xnnpack", "executorch.backends.xnnpack.partition.xnnpack_partitioner:XnnpackPartitioner"),
+        pytest.param(p, f, n, marks=() if (n, p) in FAST_PAIRS else slow)
+        for n in ("mobilenet_v1_025", "ds_cnn", "sdpa") for p, f in PARTITIONERS.items()
     ],
 )
-@pytest.mark.parametrize("name", ["mobilenet_v1_025", "ds_cnn", "sdpa"])
 def test_equal_tags_and_delegation_specs(
     partitioner: str, factory: str, name: str, server_address: str
 ) -> None:
@@ -328,6 +346,7 @@ def test_equal_tags_and_delegation_specs(
         ]
 
 
+@slow
 def test_vulkan_spec_keys_reach_the_partitioner(server_address: str) -> None:
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 
@@ -343,6 +362,7 @@ def test_vulkan_spec_keys_reach_the_partitioner(server_address: str) -> None:
     assert _tags(got.tagged_exported_program) == _tags(want.tagged_exported_program)
 
 
+@slow
 def test_partition_applies_other_meta(xnnpack: RemotePartitioner) -> None:
     ep, _ = example("mobilenet_v1_025")
     edge = to_edge(ep).exported_program()
@@ -365,6 +385,7 @@ def test_partition_returns_the_callers_program(xnnpack: RemotePartitioner) -> No
     assert result.tagged_exported_program is fake
 
 
+@slow
 def test_second_lowering_sends_no_tensor_again(server_address: str) -> None:
     torch.manual_seed(20261130)
     model = torch.nn.Sequential(
@@ -389,6 +410,7 @@ def test_unoverridden_hook_skips_the_round_trip(xnnpack: RemotePartitioner) -> N
     assert xnnpack.stats["calls"] == calls
 
 
+@slow
 def test_remote_lowering_in_a_process_without_the_backend(server_address: str) -> None:
     """A process that never imported XNNPACK lowers through the server: the client imports the
     backend's preprocess module the server names."""

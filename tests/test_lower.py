@@ -46,6 +46,7 @@ def _local_pte(archive: bytes) -> bytes:
     )
 
 
+@pytest.mark.slow
 def test_lower_gives_the_local_pte_and_a_report(server_address: str, archive: bytes) -> None:
     with LowerClient(server_address, timeout=600) as client:
         result = client.lower(archive, [partitioner_ref("xnnpack")])

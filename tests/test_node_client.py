@@ -106,6 +106,7 @@ def test_list_text(node_client: Path, server_address: str) -> None:
     assert "per_op_mode: bool = false" in result.stdout
 
 
+@pytest.mark.slow
 def test_lower_matches_local(
     node_client: Path, server_address: str, archive: Path, tmp_path: Path
 ) -> None:

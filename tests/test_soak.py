@@ -40,6 +40,9 @@ from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
+#: Minutes of subprocess fleets and soaks: `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 THREADS = 8
 CALLS = 1_000
 WARMUP_CALLS = 100

@@ -23,6 +23,9 @@ from remote_partitioner.client.channel import open_channel
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
+#: Minutes of subprocess fleets and soaks: `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 
 def _children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()

@@ -117,6 +117,12 @@ class RemotePartitionerServicer:
         size (reason `INVALID_DIGEST` or `BAD_CHUNK`).
         * DATA_LOSS: the bytes received do not hash to the declared digest, or the stream ended
         before a blob was complete (reason `DIGEST_MISMATCH` or `INCOMPLETE_BLOB`).
+        * RESOURCE_EXHAUSTED: a blob larger than the server's limit (reason `LIMIT_EXCEEDED`), or
+        a new blob whose declared size would take the upload bytes in flight on the server past
+        its bound (reason `OVERLOADED`, with `RetryInfo`; blobs completed earlier on the stream
+        are stored).
+        * DEADLINE_EXCEEDED: no chunk arrived for the server's idle time; the blob in progress is
+        discarded (reason `STREAM_IDLE`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +135,8 @@ class RemotePartitionerServicer:
         * OK: every asked blob was streamed.
         * INVALID_ARGUMENT: a malformed digest (reason `INVALID_DIGEST`).
         * NOT_FOUND: a blob the server does not hold (reason `BLOB_NOT_FOUND`).
+        * DEADLINE_EXCEEDED: the client took no message for the server's idle time (reason
+        `STREAM_IDLE`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,7 +207,9 @@ class RemotePartitionerServicer:
         * FAILED_PRECONDITION: the archive blob is missing (reason `BLOB_MISSING`).
         * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason
         `OVERLOADED`, with `RetryInfo`).
-        * DEADLINE_EXCEEDED: the deadline passed before lowering started.
+        * DEADLINE_EXCEEDED: the deadline passed before lowering started (reason
+        `DEADLINE_PASSED`), or the client took no `.pte` chunk for the server's idle time (reason
+        `STREAM_IDLE`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
