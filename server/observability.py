@@ -38,6 +38,7 @@ name that is not 1 to 64 characters of ``[a-z0-9_.-]`` (or, when the interceptor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -475,55 +476,57 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
         message. Each call runs in a task of its own, so the request id bound here is seen by
         the handler and by nothing else."""
 
-        def prepare(
-            request: Any, context: grpc.aio.ServicerContext
-        ) -> tuple[_Call, Any, Any, contextvars.Token[str | None]]:
-            call = _Call(rpc, hook)
-            self._begin(call, context)
-            if streaming_in:
-                request = self._counted(call, request)
-            else:
-                self._note_request(call, request)
-            return call, request, _CountingContext(context, call), REQUEST_ID.set(call.request_id)
-
         if inspect.isasyncgenfunction(behavior):
 
             async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                call, request, counting, token = prepare(request, context)
-                error: BaseException | None = None
-                try:
-                    await self._announce(call, context)
+                async with self._observed(rpc, hook, request, context, streaming_in) as (
+                    call, request, counting
+                ):
                     async for response in behavior(request, counting):
                         call.sent += _size(response)
                         yield response
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    REQUEST_ID.reset(token)
-                    self._finish(call, context, error)
 
             return streamed
 
         async def awaited(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call, request, counting, token = prepare(request, context)
-            error: BaseException | None = None
-            try:
-                await self._announce(call, context)
+            async with self._observed(rpc, hook, request, context, streaming_in) as (
+                call, request, counting
+            ):
                 response = behavior(request, counting)
                 if inspect.isawaitable(response):
                     response = await response
                 if response is not None:
                     self._note_response(call, request, response)
                 return response
-            except BaseException as e:
-                error = e
-                raise
-            finally:
-                REQUEST_ID.reset(token)
-                self._finish(call, context, error)
 
         return awaited
+
+    @contextlib.asynccontextmanager
+    async def _observed(
+        self, rpc: str, hook: bool, request: Any, context: grpc.aio.ServicerContext,
+        streaming_in: bool,
+    ) -> AsyncIterator[tuple[_Call, Any, _CountingContext]]:
+        """One call's bookkeeping around its handler: count it in flight, bind and announce
+        its request id, then record how it ended (also when it raised or was cancelled).
+        Yields the call's record, the request (a counting iterator when it streams) and the
+        context to hand the handler."""
+        call = _Call(rpc, hook)
+        self._begin(call, context)
+        if streaming_in:
+            request = self._counted(call, request)
+        else:
+            self._note_request(call, request)
+        token = REQUEST_ID.set(call.request_id)
+        error: BaseException | None = None
+        try:
+            await self._announce(call, context)
+            yield call, request, _CountingContext(context, call)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            REQUEST_ID.reset(token)
+            self._finish(call, context, error)
 
     async def _counted(self, call: _Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for request in requests:
