@@ -124,6 +124,8 @@ def served(registry: Registry) -> Iterator[Served]:
         "127.0.0.1:0", registry=registry, blob_store=store,
         interceptors=[ObservabilityInterceptor(metrics)],
     )
+    assert server.servicer is not None
+    metrics.bind_server(server.servicer.streams)
     server.start()
     metrics_port = metrics.serve(0)
     target = f"127.0.0.1:{port}"
@@ -138,6 +140,31 @@ def served(registry: Registry) -> Iterator[Served]:
 
 
 # --- the service's metrics ------------------------------------------------------------------
+
+
+def test_stream_gauges(served: Served) -> None:
+    """Open streams and upload bytes in flight, as a stalled upload holds them and after."""
+    from streams import MIB, StalledStreams
+
+    def gauges() -> tuple[float | None, float | None]:
+        sample = served.metrics.registry.get_sample_value
+        return (sample("remote_partitioner_open_streams"),
+                sample("remote_partitioner_inflight_upload_bytes"))
+
+    assert gauges() == (0, 0)
+    with StalledStreams(served.target, 2, "upload", blob_bytes=MIB):
+        deadline = time.monotonic() + 10
+        while gauges() != (2, 2 * MIB) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gauges() == (2, 2 * MIB)
+    deadline = time.monotonic() + 10
+    while gauges() != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gauges() == (0, 0)  # the cancelled streams gave their bytes back
+    scraped = urllib.request.urlopen(
+        f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=TIMEOUT
+    ).read().decode()
+    assert "remote_partitioner_open_streams 0.0" in scraped
 
 
 def test_metrics_of_real_calls(served: Served) -> None:
