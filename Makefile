@@ -54,7 +54,7 @@ lint: venv
 		-p remote_partitioner.server -p remote_partitioner.client \
 		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
 		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check \
-		-m remote_partitioner.proto.digests
+		-m remote_partitioner.proto.digests -m remote_partitioner.proto.program_errors
 
 test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS) tests

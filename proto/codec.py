@@ -48,6 +48,16 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto.digests import digest_of
+from remote_partitioner.proto.graph_check import check_target, checked_graph_json
+from remote_partitioner.proto.program_errors import (
+    BlobMissing,
+    BlobSizeMismatch,
+    CodecError,
+    FingerprintMismatch,
+    ProgramDecodeError,
+    ProgramEncodeError,
+    UnrepresentableMeta,
+)
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 __all__ = [
@@ -79,37 +89,6 @@ __all__ = [
 _LOWERED_MARKER = "remote_partitioner.lowered_module"
 _GET_ATTR_MARKER = "\x00remote_partitioner.get_attr\x00"
 
-
-class CodecError(Exception):
-    """Base class of the codec's errors."""
-
-
-class ProgramEncodeError(CodecError):
-    """The program holds something that cannot cross the wire (e.g. a custom object)."""
-
-
-class ProgramDecodeError(CodecError):
-    """The program message cannot be decoded into an ExportedProgram."""
-
-
-class BlobMissing(CodecError):
-    """A blob the program refers to is not available."""
-
-    def __init__(self, digest: pb.Digest) -> None:
-        super().__init__(f"blob {digest.hash}/{digest.size_bytes} is missing")
-        self.digest = digest
-
-
-class BlobSizeMismatch(ProgramDecodeError):
-    """A blob's size differs from the size the program declares for it."""
-
-
-class FingerprintMismatch(CodecError):
-    """The rebuilt program's structure differs from the client's fingerprint."""
-
-
-class UnrepresentableMeta(CodecError):
-    """A node metadata value cannot be represented on the wire."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -832,106 +811,6 @@ class _Decoder:
         _restore_metadata(ep, msg)
         return ep
 
-
-# Python functions a graph may call besides registered operators: the symbolic-size arithmetic
-# that torch.export records (operator.*, math.*, torch.sym_*) and ExecuTorch's memory ops.
-_SAFE_FUNCTIONS = frozenset(
-    [f"_operator.{n}" for n in (
-        "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "pos",
-        "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_", "abs",
-    )]
-    + [f"math.{n}" for n in ("ceil", "floor", "trunc", "sqrt")]
-    + [f"torch.{n}" for n in (
-        "sym_float", "sym_int", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt",
-        "sym_sum", "_sym_sqrt", "sym_constrain_range", "sym_constrain_range_for_size",
-    )]
-    + ["executorch.exir.memory.view", "memory.alloc"]
-)
-_OP_PREFIXES = {
-    "torch.ops.": 2,
-    "executorch.exir.dialects.edge.ops.": 5,
-    "executorch.exir.dialects.backend.ops.": 5,
-}
-
-
-def check_target(target: str) -> None:
-    """Accept only targets that resolve to registered operators or to the few safe functions
-    above; :class:`ProgramDecodeError` otherwise. Nothing a client sends names code to run.
-
-    Operators: ``torch.ops.<namespace>.<op>.<overload>`` (and ``torch.ops.higher_order.<op>``),
-    and the ExecuTorch edge and backend dialects' ``...ops.<namespace>.<op>.<overload>``.
-    """
-    if target in _SAFE_FUNCTIONS:
-        return
-    for prefix, skip in _OP_PREFIXES.items():
-        if not target.startswith(prefix):
-            continue
-        parts = target.split(".")[skip:]
-        if not 2 <= len(parts) <= 3 or not all(
-            p.isidentifier() and not p.startswith("__") for p in parts
-        ):
-            break
-        if prefix == "torch.ops.":
-            resolved: Any = torch.ops
-        elif "edge" in prefix:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            resolved = exir_ops.edge
-        else:
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            resolved = exir_ops.backend
-        try:
-            for p in parts:
-                resolved = getattr(resolved, p)
-        except (AttributeError, RuntimeError):
-            break
-        kinds: tuple[type, ...] = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
-        if isinstance(resolved, kinds) or type(resolved).__name__ in (
-            "EdgeOpOverload", "BackendOpOverload"
-        ):
-            return
-        break
-    raise ProgramDecodeError(
-        f"graph target {target[:200]!r} is not a registered operator: refused"
-    )
-
-
-def _check_targets(value: Any) -> None:
-    """Check the target of every node of the serialized graph, nested graphs included."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            if "target" in v and "inputs" in v and "outputs" in v:
-                if not isinstance(v["target"], str):
-                    raise ProgramDecodeError("a graph node's target is not a string")
-                check_target(v["target"])
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-
-
-def checked_graph_json(raw: bytes) -> Any:
-    """The export schema's JSON (bytes), parsed, with every node target checked by
-    :func:`check_target`; :class:`ProgramDecodeError` if it is not a JSON object or names
-    anything else."""
-    try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProgramDecodeError(
-            f"the program's graph cannot be deserialized: not JSON: {e}"
-        ) from None
-    if not isinstance(value, dict):
-        raise ProgramDecodeError("the program's graph cannot be deserialized: not a JSON object")
-    _check_targets(value)
-    from remote_partitioner.proto.graph_check import check_fields  # (it imports this module)
-
-    try:
-        check_fields(value)
-    except RecursionError:
-        raise ProgramDecodeError("the program's graph is nested too deeply") from None
-    return value
 
 
 _SCHEMA_MODULES = frozenset({"torch._export.serde.schema", "executorch.exir.serde.schema"})
