@@ -16,6 +16,8 @@ from executorch.exir.program._fake_program import get_fake_program
 from torch.export import Dim, ExportedProgram, export
 
 from remote_partitioner.proto import codec
+from remote_partitioner.proto.codec.encode import Encoder
+from remote_partitioner.proto.codec.serializers import serialize_aten
 
 META_KEYS = (
     "stack_trace", "source_fn_stack", "torch_fn", "debug_handle",
@@ -190,9 +192,9 @@ def test_aten_graph_json_is_torchs_own() -> None:
             ep, serialize_state_dict=False, serialize_constants=False,
             serialize_example_inputs=False,
         ).exported_program
-        encoder = codec._Encoder(None)
-        ours = codec._serialize_aten(ep, encoder)
-        assert ours == codec._Encoder(None).graph_json(
+        encoder = Encoder(None)
+        ours = serialize_aten(ep, encoder)
+        assert ours == Encoder(None).graph_json(
             json.loads(theirs), tser.EnumEncoder, allow_nan=False
         )
         assert encoder._graph_ids  # there were graph ids to renumber

@@ -66,6 +66,7 @@ from hypothesis.errors import InvalidArgument
 
 from remote_partitioner.client.channel import DEFAULT_CHANNEL_OPTIONS
 from remote_partitioner.proto import codec
+from remote_partitioner.proto.codec import decode
 from remote_partitioner.proto.errors import DOMAIN
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
@@ -727,7 +728,7 @@ def refingerprinted(msg: pb.Program, blobs: dict[str, bytes]) -> pb.Program | No
     """``msg`` with the fingerprint the server will rebuild (so that a mutated graph gets past
     the fingerprint check to the hook), or None when the program does not decode."""
     try:
-        with mock.patch.object(codec, "first_difference", return_value=None):
+        with mock.patch.object(decode, "first_difference", return_value=None):
             ep = codec.decode_program(msg, _blob_getter(blobs))
         fp = codec.fingerprint(ep)
     except Exception:
