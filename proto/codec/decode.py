@@ -14,11 +14,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from remote_partitioner.proto.codec.deserializers import (
-    deserialize_aten,
-    deserialize_edge,
-    memoize_schema_type_hints,
-)
+from remote_partitioner.proto.codec.deserializers import deserialize_aten, deserialize_edge
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.repair import repair, restore_metadata
 from remote_partitioner.proto.program_errors import (
@@ -168,7 +164,6 @@ def decode_program(
         ProgramDecodeError: the message or its graph cannot be decoded.
         FingerprintMismatch: the rebuilt program differs from the client's fingerprint.
     """
-    memoize_schema_type_hints()
     try:
         return Decoder(blobs).program(msg)
     except CodecError:

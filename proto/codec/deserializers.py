@@ -6,9 +6,11 @@ The inverse of :mod:`~remote_partitioner.proto.codec.serializers`. The JSON is c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,24 +25,23 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 if TYPE_CHECKING:
     from remote_partitioner.proto.codec.decode import Decoder
 
-__all__ = ["deserialize_aten", "deserialize_edge", "memoize_schema_type_hints"]
+__all__ = ["deserialize_aten", "deserialize_edge", "schema_type_hints_memoized"]
 
 
 _SCHEMA_MODULES = frozenset({"torch._export.serde.schema", "executorch.exir.serde.schema"})
 
+#: Type hints of the schema modules' classes, by (class, id of the globals passed), once per
+#: process: a class's hints never change.
+_SCHEMA_HINTS: dict[tuple[type, int], dict[str, Any]] = {}
+_hints_lock = threading.Lock()
+_hints_users = 0  # the calls inside schema_type_hints_memoized(), in every thread
+_hints_original: Callable[..., dict[str, Any]] | None = None
+_hints_installed: Callable[..., dict[str, Any]] | None = None
 
-def memoize_schema_type_hints() -> None:
-    """Make ``typing.get_type_hints`` remember its answer for the export schemas' classes.
 
-    The schema deserializers (``_dict_to_dataclass``, in torch and in ExecuTorch) ask for the
-    type hints of a schema class once per *object* they build, and resolving them was half of
-    the time it took to read a graph. A class's hints never change, so for the schema modules'
-    classes (and only those) they are computed once per process. Installed once; idempotent.
-    """
-    original = typing.get_type_hints
-    if getattr(original, "_remote_partitioner_memo", False):
-        return
-    memo: dict[tuple[type, int], dict[str, Any]] = {}
+def _memoized_type_hints(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``original`` (``typing.get_type_hints``), answering from :data:`_SCHEMA_HINTS` for the
+    export schemas' classes and passing every other call through unchanged."""
 
     def get_type_hints(
         obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False
@@ -52,14 +53,48 @@ def memoize_schema_type_hints() -> None:
             and not include_extras
         ):
             key = (obj, id(globalns))
-            hints = memo.get(key)
+            hints = _SCHEMA_HINTS.get(key)
             if hints is None:
-                hints = memo[key] = original(obj, globalns)
+                hints = _SCHEMA_HINTS[key] = original(obj, globalns)
             return hints
         return original(obj, globalns, localns, include_extras)
 
-    get_type_hints._remote_partitioner_memo = True  # type: ignore[attr-defined]
-    typing.get_type_hints = get_type_hints
+    return get_type_hints
+
+
+@contextlib.contextmanager
+def schema_type_hints_memoized() -> Iterator[None]:
+    """Within the block, ``typing.get_type_hints`` remembers its answer for the export schemas'
+    classes; on leaving it (the last of nested or concurrent blocks), the function is the one
+    it was before.
+
+    The schema deserializers (``_dict_to_dataclass``, in torch and in ExecuTorch) ask for the
+    type hints of a schema class once per *object* they build, and resolving them was half of
+    the time it took to read a graph; they find the function as the attribute of the ``typing``
+    module, so it is that attribute that is replaced. Only the decoder's deserializing is
+    wrapped, so a process that never decodes (a client) never sees ``typing`` patched.
+
+    While a block runs the replacement is visible to every thread of the process; it answers
+    like the original, and for a schema class with no ``localns`` and no ``include_extras``
+    it returns the one remembered dict, which callers must not mutate (the deserializers only
+    read it). If something else replaced ``typing.get_type_hints`` meanwhile, it is left alone.
+    """
+    global _hints_users, _hints_original, _hints_installed
+    with _hints_lock:
+        if _hints_users == 0:
+            _hints_original = typing.get_type_hints
+            _hints_installed = _memoized_type_hints(_hints_original)
+            typing.get_type_hints = _hints_installed
+        _hints_users += 1
+    try:
+        yield
+    finally:
+        with _hints_lock:
+            _hints_users -= 1
+            if _hints_users == 0:
+                if typing.get_type_hints is _hints_installed:
+                    typing.get_type_hints = _hints_original  # type: ignore[assignment]
+                _hints_original = _hints_installed = None
 
 
 def deserialize_aten(
@@ -67,8 +102,10 @@ def deserialize_aten(
 ) -> ExportedProgram:
     from torch._export.serde import serialize as tser
 
-    serialized = tser._dict_to_dataclass(tser.ExportedProgram, checked_graph_json(raw))
-    return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
+    value = checked_graph_json(raw)
+    with schema_type_hints_memoized():
+        serialized = tser._dict_to_dataclass(tser.ExportedProgram, value)
+        return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
 
 
 def deserialize_edge(
@@ -131,9 +168,9 @@ def deserialize_edge(
                     self._path_stack.pop()
             return super().deserialize_input(inp)
 
-    serialized = export_serialize._dict_to_dataclass(
-        schema.ExportedProgram, checked_graph_json(raw)
-    )
+    value = checked_graph_json(raw)
+    with schema_type_hints_memoized():
+        serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, value)
     original_init = Deserializer.__init__
 
     def init(self: Any) -> None:
@@ -145,7 +182,10 @@ def deserialize_edge(
     saved = eser.GraphModuleDeserializer
     eser.GraphModuleDeserializer = Deserializer
     try:
-        return eser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
+        with schema_type_hints_memoized():
+            return eser.ExportedProgramDeserializer().deserialize(
+                serialized, state_dict, constants
+            )
     finally:
         eser.GraphModuleDeserializer = saved
 
