@@ -24,7 +24,15 @@ __all__ = ["repair", "restore_metadata"]
 
 
 def repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
-    """Undo what the serializers change, using the client's fingerprint as the reference."""
+    """Undo what the serializers change, using the client's fingerprint as the reference.
+
+    Each graph of ``ep`` gets, in turn, the repairs below; a graph any of them changed is
+    linted and recompiled. What no repair can make as the client had it is left for the
+    fingerprint check to name.
+
+    Raises:
+        ProgramDecodeError: a placeholder target in the fingerprint is not an identifier.
+    """
     by_graph: dict[str, list[pb.NodeFingerprint]] = {}
     for entry in expected:
         by_graph.setdefault(entry.graph, []).append(entry)
@@ -32,72 +40,10 @@ def repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
         want = by_graph.get(path, [])
         names: dict[str, pb.NodeFingerprint] = {e.name: e for e in want}
         graph = gm.graph
-        changed = False
-        # Unused getitem nodes the serializer invented.
-        for node in list(graph.nodes):
-            if (
-                node.name not in names
-                and node.op == "call_function"
-                and node.target is operator.getitem
-                and not node.users
-            ):
-                graph.erase_node(node)
-                changed = True
-        for node in graph.nodes:
-            f = names.get(node.name)
-            if f is None:
-                continue
-            # Placeholder targets: the deserializers name the target after the node. FX writes
-            # a placeholder's target into the generated forward(): only an identifier is taken.
-            if node.op == "placeholder" and node.target != f.target:
-                if not f.target.isidentifier() or keyword.iskeyword(f.target):
-                    raise ProgramDecodeError(
-                        f"placeholder {node.name!r}: target {f.target[:100]!r} is not an "
-                        "identifier"
-                    )
-                node.target = f.target
-                changed = True
-        # Positional vs keyword arguments, as the client had them.
-        for node in graph.nodes:
-            f = names.get(node.name)
-            if f is None or node.op != "call_function":
-                continue
-            if len(node.args) == f.num_args and list(node.kwargs) == list(f.kwarg_names):
-                continue
-            values = list(node.args) + list(node.kwargs.values())
-            keys = [None] * len(node.args) + list(node.kwargs)
-            if len(values) != f.num_args + len(f.kwarg_names):
-                continue
-            kw = dict(zip(keys[len(node.args):], values[len(node.args):], strict=True))
-            pos = list(node.args)
-            # Move trailing keyword arguments to positions, or positions to keywords.
-            while len(pos) < f.num_args and kw:
-                pos.append(kw.pop(next(iter(kw))))
-            if len(pos) == f.num_args and set(kw) == set(f.kwarg_names):
-                node.args = tuple(pos)
-                node.kwargs = {k: kw[k] for k in f.kwarg_names}
-                changed = True
-        for node in graph.nodes:
-            f = names.get(node.name)
-            if f is None:
-                continue
-            # Lists and tuples of arguments (higher-order operators' operands, the output
-            # node's values), as the client had them.
-            if node.op in ("call_function", "output") and args_text(node) != f.args:
-                args, prefix = [], "("
-                for a in node.args:
-                    choice = a
-                    if isinstance(a, (list, tuple)):
-                        flipped = tuple(a) if isinstance(a, list) else list(a)
-                        if not f.args.startswith(prefix + arg_text(a)) and f.args.startswith(
-                            prefix + arg_text(flipped)
-                        ):
-                            choice = flipped
-                    args.append(choice)
-                    prefix += arg_text(choice) + ", "
-                if arg_text(tuple(args)) + arg_text(dict(node.kwargs)) == f.args:
-                    node.args = tuple(args)
-                    changed = True
+        changed = _erase_invented_getitems(graph, names)
+        changed |= _restore_placeholder_targets(graph, names)
+        changed |= _restore_argument_kinds(graph, names)
+        changed |= _restore_sequence_types(graph, names)
         # Node order, as the client had it: the deserializers put get_attr nodes where they
         # are first used and getitem nodes right after their producer. The client's order is a
         # topological order of the same edges (the fingerprint checks them), so it is legal.
@@ -109,6 +55,96 @@ def repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
         if changed:
             graph.lint()
             gm.recompile()
+
+
+def _erase_invented_getitems(graph: torch.fx.Graph, names: dict[str, pb.NodeFingerprint]) -> bool:
+    """Erase the unused getitem nodes the serializer invented (the client has no node of that
+    name); True if any was."""
+    changed = False
+    for node in list(graph.nodes):
+        if (
+            node.name not in names
+            and node.op == "call_function"
+            and node.target is operator.getitem
+            and not node.users
+        ):
+            graph.erase_node(node)
+            changed = True
+    return changed
+
+
+def _restore_placeholder_targets(
+    graph: torch.fx.Graph, names: dict[str, pb.NodeFingerprint]
+) -> bool:
+    """Give placeholders the client's targets (the deserializers name the target after the
+    node); True if any changed. FX writes a placeholder's target into the generated
+    ``forward()``: only an identifier is taken, :class:`ProgramDecodeError` otherwise."""
+    changed = False
+    for node in graph.nodes:
+        f = names.get(node.name)
+        if f is None:
+            continue
+        if node.op == "placeholder" and node.target != f.target:
+            if not f.target.isidentifier() or keyword.iskeyword(f.target):
+                raise ProgramDecodeError(
+                    f"placeholder {node.name!r}: target {f.target[:100]!r} is not an "
+                    "identifier"
+                )
+            node.target = f.target
+            changed = True
+    return changed
+
+
+def _restore_argument_kinds(graph: torch.fx.Graph, names: dict[str, pb.NodeFingerprint]) -> bool:
+    """Pass arguments by position or by keyword as the client did (``exir.serde`` does not
+    record which); True if any call changed."""
+    changed = False
+    for node in graph.nodes:
+        f = names.get(node.name)
+        if f is None or node.op != "call_function":
+            continue
+        if len(node.args) == f.num_args and list(node.kwargs) == list(f.kwarg_names):
+            continue
+        values = list(node.args) + list(node.kwargs.values())
+        keys = [None] * len(node.args) + list(node.kwargs)
+        if len(values) != f.num_args + len(f.kwarg_names):
+            continue
+        kw = dict(zip(keys[len(node.args):], values[len(node.args):], strict=True))
+        pos = list(node.args)
+        # Move trailing keyword arguments to positions, or positions to keywords.
+        while len(pos) < f.num_args and kw:
+            pos.append(kw.pop(next(iter(kw))))
+        if len(pos) == f.num_args and set(kw) == set(f.kwarg_names):
+            node.args = tuple(pos)
+            node.kwargs = {k: kw[k] for k in f.kwarg_names}
+            changed = True
+    return changed
+
+
+def _restore_sequence_types(graph: torch.fx.Graph, names: dict[str, pb.NodeFingerprint]) -> bool:
+    """Make lists and tuples of arguments (higher-order operators' operands, the output node's
+    values) lists or tuples as the client had them; True if any call changed."""
+    changed = False
+    for node in graph.nodes:
+        f = names.get(node.name)
+        if f is None:
+            continue
+        if node.op in ("call_function", "output") and args_text(node) != f.args:
+            args, prefix = [], "("
+            for a in node.args:
+                choice = a
+                if isinstance(a, (list, tuple)):
+                    flipped = tuple(a) if isinstance(a, list) else list(a)
+                    if not f.args.startswith(prefix + arg_text(a)) and f.args.startswith(
+                        prefix + arg_text(flipped)
+                    ):
+                        choice = flipped
+                args.append(choice)
+                prefix += arg_text(choice) + ", "
+            if arg_text(tuple(args)) + arg_text(dict(node.kwargs)) == f.args:
+                node.args = tuple(args)
+                changed = True
+    return changed
 
 
 def _tensor_meta(val: Any, m: pb.NodeMetadata) -> Any:
