@@ -35,13 +35,55 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+#: The quantized dtypes: the encoder refuses quantized tensors, and torch cannot fake them.
+_QUANTIZED = frozenset([torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4])
+#: torch counts a tensor's elements in an int64.
+_MAX_NUMEL = 2**63 - 1
+
+
+def _dtype(ref: pb.TensorRef) -> torch.dtype:
+    """The dtype ``ref`` names; :class:`ProgramDecodeError` if none, or a quantized one."""
+    dtype = _DTYPES.get(ref.dtype)
+    if dtype is None:
+        raise ProgramDecodeError(f"tensor {ref.name!r}: unknown dtype {ref.dtype!r}")
+    if dtype in _QUANTIZED:
+        raise ProgramDecodeError(
+            f"tensor {ref.name!r}: quantized tensors ({ref.dtype}) cannot cross the wire"
+        )
+    return dtype
+
+
+def _check_shape(
+    ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int]
+) -> None:
+    """:class:`ProgramDecodeError` unless torch can build a tensor of these sizes, strides,
+    offset and gradient flag (its storage is checked by :meth:`Decoder._view`)."""
+    if len(sizes) != len(strides) or any(s < 0 for s in sizes) or ref.storage_offset < 0:
+        raise ProgramDecodeError(f"tensor {ref.name!r}: malformed sizes or strides")
+    if math.prod(sizes) > _MAX_NUMEL:
+        raise ProgramDecodeError(
+            f"tensor {ref.name!r}: sizes {sizes} hold more elements than torch can count"
+        )
+    if ref.is_parameter and ref.requires_grad and not (
+        dtype.is_floating_point or dtype.is_complex
+    ):
+        raise ProgramDecodeError(
+            f"tensor {ref.name!r}: a parameter of dtype {ref.dtype} cannot require gradients"
+        )
+
+
 class Decoder:
+    """Rebuilds the program of one message and its lowered modules' original programs, which
+    share the storages and tensors they have in common: one instance per message."""
+
     def __init__(self, blobs: Callable[[pb.Digest], bytes | bytearray | memoryview]) -> None:
         self._get_blob = blobs
         self._storages: dict[str, torch.UntypedStorage] = {}
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def blob(self, digest: pb.Digest) -> bytes | bytearray | memoryview:
+        """The bytes of blob ``digest``: :class:`BlobMissing` (from the getter) if there are
+        none, :class:`BlobSizeMismatch` if their size is not the digest's."""
         data = self._get_blob(digest)
         if memoryview(data).nbytes != digest.size_bytes:
             raise BlobSizeMismatch(
@@ -51,6 +93,8 @@ class Decoder:
         return data
 
     def storage(self, digest: pb.Digest) -> torch.UntypedStorage:
+        """The storage of blob ``digest``, one per blob: the blob's memory if it is writable,
+        a copy if it is read-only."""
         s = self._storages.get(digest.hash)
         if s is None:
             view = memoryview(self.blob(digest)).cast("B")
@@ -65,12 +109,18 @@ class Decoder:
         return s
 
     def tensor(self, ref: pb.TensorRef, fake_mode: Any = None) -> torch.Tensor:
-        dtype = _DTYPES.get(ref.dtype)
-        if dtype is None:
-            raise ProgramDecodeError(f"tensor {ref.name!r}: unknown dtype {ref.dtype!r}")
+        """The tensor ``ref`` describes: a view of its storage's blob (one tensor object per
+        distinct real ``ref``; tensors with one storage share it), or, if ``ref.fake``, a new
+        ``FakeTensor`` of ``fake_mode``; a ``Parameter`` if ``ref.is_parameter``.
+
+        Raises:
+            ProgramDecodeError: ``ref`` describes what torch cannot build (checked before
+                torch sees it), or a fake tensor with no ``fake_mode``.
+            BlobMissing, BlobSizeMismatch: as :meth:`blob`.
+        """
+        dtype = _dtype(ref)
         sizes, strides = list(ref.sizes), list(ref.strides)
-        if len(sizes) != len(strides) or any(s < 0 for s in sizes) or ref.storage_offset < 0:
-            raise ProgramDecodeError(f"tensor {ref.name!r}: malformed sizes or strides")
+        _check_shape(ref, dtype, sizes, strides)
         key = (ref.storage.hash, ref.dtype, tuple(sizes), tuple(strides), ref.storage_offset,
                ref.fake, ref.is_parameter, ref.requires_grad)
         if not ref.fake and key in self._tensors:
@@ -83,21 +133,7 @@ class Decoder:
             with fake_mode:
                 t = torch.empty_strided(sizes, strides, dtype=dtype, device="cpu")
         else:
-            if not ref.HasField("storage"):
-                raise ProgramDecodeError(f"tensor {ref.name!r} has no storage")
-            storage = self.storage(ref.storage)
-            numel = math.prod(sizes)
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            if numel:
-                last = ref.storage_offset + sum(
-                    (s - 1) * st for s, st in zip(sizes, strides, strict=True)
-                )
-                if any(st < 0 for st in strides) or (last + 1) * itemsize > storage.nbytes():
-                    raise ProgramDecodeError(
-                        f"tensor {ref.name!r} reaches beyond its storage of "
-                        f"{storage.nbytes()} bytes"
-                    )
-            t = torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
+            t = self._view(ref, dtype, sizes, strides)
         if ref.is_parameter:
             t = torch.nn.Parameter(t, requires_grad=ref.requires_grad)
         elif ref.requires_grad and t.is_floating_point():
@@ -106,7 +142,33 @@ class Decoder:
             self._tensors[key] = t
         return t
 
+    def _view(
+        self, ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int]
+    ) -> torch.Tensor:
+        """A real tensor on its storage's blob; :class:`ProgramDecodeError` if it has none or
+        would reach beyond it."""
+        if not ref.HasField("storage"):
+            raise ProgramDecodeError(f"tensor {ref.name!r} has no storage")
+        storage = self.storage(ref.storage)
+        if math.prod(sizes):
+            last = ref.storage_offset + sum(
+                (s - 1) * st for s, st in zip(sizes, strides, strict=True)
+            )
+            if any(st < 0 for st in strides) or (last + 1) * dtype.itemsize > storage.nbytes():
+                raise ProgramDecodeError(
+                    f"tensor {ref.name!r} reaches beyond its storage of "
+                    f"{storage.nbytes()} bytes"
+                )
+        return torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
+
     def program(self, msg: pb.Program) -> ExportedProgram:
+        """The program ``msg`` describes, repaired and checked against its fingerprint.
+
+        Raises:
+            CodecError: as :func:`decode_program`; other exceptions are failures this decoder
+                did not anticipate (:func:`decode_program` turns them into
+                :class:`ProgramDecodeError`).
+        """
         from torch._guards import detect_fake_mode
 
         if msg.dialect not in (pb.DIALECT_ATEN, pb.DIALECT_EDGE):
@@ -168,7 +230,10 @@ def decode_program(
         return Decoder(blobs).program(msg)
     except CodecError:
         raise
-    except Exception as e:  # a malformed message that reached torch
+    except Exception as e:
+        # A last resort, so that a caller sees only the errors above: the decoder checks what
+        # it knows torch refuses, and anything else reaching here is a failure it did not
+        # anticipate (tests/test_fuzz.py calls Decoder without this, to find them).
         raise ProgramDecodeError(
             f"the program cannot be rebuilt: {type(e).__name__}: {str(e)[:1000]}"
         ) from e

@@ -45,12 +45,11 @@ def repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
         changed |= _restore_argument_kinds(graph, names)
         changed |= _restore_sequence_types(graph, names)
         # Node order, as the client had it: the deserializers put get_attr nodes where they
-        # are first used and getitem nodes right after their producer. The client's order is a
-        # topological order of the same edges (the fingerprint checks them), so it is legal.
+        # are first used and getitem nodes right after their producer. If the client's order
+        # is not an order of these nodes that FX can run, leave the order: the fingerprint
+        # check (after this) names the difference.
         by_name = {n.name: n for n in graph.nodes}
-        # With other nodes than the client's, leave the order: the fingerprint check names
-        # the difference.
-        if by_name.keys() == names.keys():
+        if _is_an_order_of(want, by_name):
             changed |= _reorder(want, by_name)
         if changed:
             graph.lint()
@@ -198,6 +197,26 @@ def restore_metadata(ep: ExportedProgram, msg: pb.Program) -> None:
             node.meta["val"] = list(node.meta["val"])
         if m.has_tensor_meta and "tensor_meta" not in node.meta:
             node.meta["tensor_meta"] = _tensor_meta(node.meta.get("val"), m)
+
+
+def _is_an_order_of(want: list[pb.NodeFingerprint], by_name: dict[str, torch.fx.Node]) -> bool:
+    """Whether :func:`_reorder` can put the graph in the client's order: it names the graph's
+    placeholders first, in the graph's order (they are the program's inputs: never moved), then
+    every other node once, each after the nodes it uses, as FX needs. (The fingerprint is
+    checked after the repairs: a client's fingerprint that is not such an order must not reach
+    :func:`_reorder`.)"""
+    if len(want) != len(by_name):
+        return False
+    placeholders = [n for n in by_name.values() if n.op == "placeholder"]
+    order: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+    for f in want:
+        node = by_name.get(f.name)
+        if node is None or node in seen or not seen.issuperset(node.all_input_nodes):
+            return False
+        order.append(node)
+        seen.add(node)
+    return order[: len(placeholders)] == placeholders
 
 
 def _reorder(want: list[pb.NodeFingerprint], by_name: dict[str, torch.fx.Node]) -> bool:
