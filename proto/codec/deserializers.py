@@ -97,9 +97,20 @@ def schema_type_hints_memoized() -> Iterator[None]:
                 _hints_original = _hints_installed = None
 
 
+#: Held while exir's module-level GraphModuleDeserializer is replaced (see deserialize_edge).
+_exir_deserializer_lock = threading.RLock()
+
+
 def deserialize_aten(
     raw: bytes, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
 ) -> ExportedProgram:
+    """The ATen program whose export-schema JSON is ``raw``, read by torch's deserializer with
+    the given tensors (``raw`` is checked by ``checked_graph_json`` first).
+
+    Raises:
+        ProgramDecodeError: ``raw`` is refused by the checks. Whatever torch's deserializer
+            raises on a malformed document passes through (the decoder wraps it).
+    """
     from torch._export.serde import serialize as tser
 
     value = checked_graph_json(raw)
@@ -116,6 +127,20 @@ def deserialize_edge(
     module_tensors: Mapping[tuple[str, str], pb.TensorRef],
     decoder: Decoder,
 ) -> ExportedProgram:
+    """The Edge program whose export-schema JSON is ``raw``, read by ExecuTorch's deserializer
+    with the given tensors, its lowered modules' original programs decoded by ``decoder`` and
+    its ``get_attr`` tensors built by it (``raw`` is checked by ``checked_graph_json`` first).
+
+    exir's ``ExportedProgramDeserializer`` builds the module-level ``GraphModuleDeserializer``
+    class: it is replaced by a subclass for the call, under a lock (re-entrant: a lowered
+    module's program is decoded inside the call), so that concurrent calls do not see each
+    other's subclass.
+
+    Raises:
+        ProgramDecodeError: ``raw`` is refused by the checks, or names a lowered module or
+            module tensor the message does not hold. Whatever exir's deserializer raises on a
+            malformed document passes through (the decoder wraps it).
+    """
     from executorch.exir.lowered_backend_module import LoweredBackendModule
     from executorch.exir.serde import export_serialize, schema
     from executorch.exir.serde import serialize as eser
@@ -179,15 +204,16 @@ def deserialize_edge(
         self._get_attrs = {}
 
     Deserializer.__init__ = init  # type: ignore[method-assign]
-    saved = eser.GraphModuleDeserializer
-    eser.GraphModuleDeserializer = Deserializer
-    try:
-        with schema_type_hints_memoized():
-            return eser.ExportedProgramDeserializer().deserialize(
-                serialized, state_dict, constants
-            )
-    finally:
-        eser.GraphModuleDeserializer = saved
+    with _exir_deserializer_lock:
+        saved = eser.GraphModuleDeserializer
+        eser.GraphModuleDeserializer = Deserializer
+        try:
+            with schema_type_hints_memoized():
+                return eser.ExportedProgramDeserializer().deserialize(
+                    serialized, state_dict, constants
+                )
+        finally:
+            eser.GraphModuleDeserializer = saved
 
 
 def _compile_spec(cs: pb.CompileSpec) -> Any:

@@ -61,6 +61,7 @@ class DigestCache:
         self._entries: dict[tuple[int, int], tuple[Any, int, pb.Digest]] = {}
 
     def storage_digest(self, t: torch.Tensor, data: memoryview) -> pb.Digest:
+        """The digest of ``data``, the bytes of ``t``'s storage: remembered, or computed."""
         storage = t.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         version = t._version
@@ -79,6 +80,7 @@ class DigestCache:
 
 
 def _dialect_of(ep: ExportedProgram) -> pb.Dialect:
+    """Edge if any of ``ep``'s verifiers is ExecuTorch's Edge verifier, else ATen."""
     dialects = {v.dialect for v in ep.verifiers}
     if "EDGE" in dialects:
         return pb.DIALECT_EDGE
@@ -93,6 +95,9 @@ _PROCESS_IDS = {
 
 
 class Encoder:
+    """Encodes one program and the original programs of its lowered modules, collecting the
+    blobs they name (each storage once) in :attr:`blobs`."""
+
     def __init__(self, digests: DigestCache | None) -> None:
         self.blobs: dict[str, memoryview | bytes] = {}
         self.digests = digests or DigestCache()
@@ -165,11 +170,17 @@ class Encoder:
         return ";".join(items)
 
     def blob(self, data: memoryview | bytes) -> pb.Digest:
+        """Add ``data`` to the blobs; its digest."""
         d = digest_of(data)
         self.blobs.setdefault(d.hash, data)
         return d
 
     def tensor(self, name: str, t: torch.Tensor) -> pb.TensorRef:
+        """``t`` as a TensorRef, its storage added to the blobs (a FakeTensor: metadata only).
+
+        Raises:
+            ProgramEncodeError: ``t`` is not a tensor, or not a dense CPU one.
+        """
         if not isinstance(t, torch.Tensor):
             raise ProgramEncodeError(
                 f"{name!r} is a {type(t).__qualname__}, not a tensor; custom objects cannot "
@@ -204,6 +215,7 @@ class Encoder:
         return ref
 
     def program(self, ep: ExportedProgram) -> pb.Program:
+        """``ep`` as a Program message (see :func:`encode_program`)."""
         dialect = _dialect_of(ep)
         lowered: list[pb.LoweredModule] = []
         module_tensors: list[pb.ModuleTensor] = []
@@ -224,6 +236,7 @@ class Encoder:
 
 
 def _metadata_serializer(ep: ExportedProgram, dialect: pb.Dialect) -> Any:
+    """The serializer whose ``serialize_metadata`` writes ``ep``'s node metadata."""
     if dialect == pb.DIALECT_EDGE:
         from executorch.exir.serde import serialize as eser
 

@@ -19,6 +19,8 @@ __all__ = ["arg_text", "args_text", "fingerprint", "first_difference"]
 
 
 def arg_text(a: Any) -> str:
+    """An argument as the fingerprint writes it: nodes by name, containers with their type,
+    scalars by ``repr``, anything else by type name only."""
     if isinstance(a, torch.fx.Node):
         return f"%{a.name}"
     if isinstance(a, tuple):
@@ -39,6 +41,7 @@ def arg_text(a: Any) -> str:
 
 
 def args_text(node: torch.fx.Node) -> str:
+    """A node's positional and keyword arguments, as :attr:`NodeFingerprint.args` holds them."""
     return arg_text(node.args) + arg_text(dict(node.kwargs))
 
 

@@ -131,6 +131,14 @@ def serialize_edge(
     module_tensors: list[pb.ModuleTensor],
     paths: dict[int, str],
 ) -> bytes:
+    """The export schema's JSON for Edge program ``ep``, written by ExecuTorch's serializer,
+    with each lowered module appended to ``lowered`` (its original program encoded by
+    ``encoder``) and each tensor a ``get_attr`` node reads appended to ``module_tensors``;
+    ``paths`` maps ``id()`` of each graph module to its path.
+
+    Raises:
+        ProgramEncodeError: the serializer failed, or the program holds custom objects.
+    """
     from executorch.exir.serde import export_serialize, schema
     from executorch.exir.serde.schema import SCHEMA_VERSION
 
