@@ -53,23 +53,20 @@ def _dtype(ref: pb.TensorRef) -> torch.dtype:
     return dtype
 
 
-def _check_shape(
-    ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int]
-) -> None:
-    """:class:`ProgramDecodeError` unless torch can build a tensor of these sizes, strides,
-    offset and gradient flag (its storage is checked by :meth:`Decoder._view`)."""
-    if len(sizes) != len(strides) or any(s < 0 for s in sizes) or ref.storage_offset < 0:
-        raise ProgramDecodeError(f"tensor {ref.name!r}: malformed sizes or strides")
+def _check_numel(ref: pb.TensorRef, sizes: list[int]) -> None:
+    """:class:`ProgramDecodeError` if torch cannot count the elements of ``sizes``. (For a
+    real tensor, checked after its storage: a tensor reaching beyond it is named so.)"""
     if math.prod(sizes) > _MAX_NUMEL:
         raise ProgramDecodeError(
             f"tensor {ref.name!r}: sizes {sizes} hold more elements than torch can count"
         )
-    if ref.is_parameter and ref.requires_grad and not (
-        dtype.is_floating_point or dtype.is_complex
-    ):
-        raise ProgramDecodeError(
-            f"tensor {ref.name!r}: a parameter of dtype {ref.dtype} cannot require gradients"
-        )
+
+
+def _check_shape(ref: pb.TensorRef, sizes: list[int], strides: list[int]) -> None:
+    """:class:`ProgramDecodeError` unless these sizes, strides and offset are well-formed (the
+    element count and storage are checked as the tensor is built)."""
+    if len(sizes) != len(strides) or any(s < 0 for s in sizes) or ref.storage_offset < 0:
+        raise ProgramDecodeError(f"tensor {ref.name!r}: malformed sizes or strides")
 
 
 class Decoder:
@@ -120,7 +117,7 @@ class Decoder:
         """
         dtype = _dtype(ref)
         sizes, strides = list(ref.sizes), list(ref.strides)
-        _check_shape(ref, dtype, sizes, strides)
+        _check_shape(ref, sizes, strides)
         key = (ref.storage.hash, ref.dtype, tuple(sizes), tuple(strides), ref.storage_offset,
                ref.fake, ref.is_parameter, ref.requires_grad)
         if not ref.fake and key in self._tensors:
@@ -130,11 +127,17 @@ class Decoder:
                 raise ProgramDecodeError(
                     f"tensor {ref.name!r} is fake but the graph has no fake mode"
                 )
+            _check_numel(ref, sizes)
             with fake_mode:
                 t = torch.empty_strided(sizes, strides, dtype=dtype, device="cpu")
         else:
             t = self._view(ref, dtype, sizes, strides)
         if ref.is_parameter:
+            if ref.requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+                raise ProgramDecodeError(
+                    f"tensor {ref.name!r}: a parameter of dtype {ref.dtype} cannot require "
+                    "gradients"
+                )
             t = torch.nn.Parameter(t, requires_grad=ref.requires_grad)
         elif ref.requires_grad and t.is_floating_point():
             t.requires_grad_(True)
@@ -159,6 +162,7 @@ class Decoder:
                     f"tensor {ref.name!r} reaches beyond its storage of "
                     f"{storage.nbytes()} bytes"
                 )
+        _check_numel(ref, sizes)
         return torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
 
     def program(self, msg: pb.Program) -> ExportedProgram:
