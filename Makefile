@@ -56,9 +56,10 @@ lint: venv
 	@touch build/mypy/remote_partitioner/__init__.py
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
 		-p remote_partitioner.cli -p remote_partitioner.server -p remote_partitioner.client \
-		-m remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
+		-p remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
 		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check \
-		-m remote_partitioner.proto.digests -m remote_partitioner.proto.transport
+		-m remote_partitioner.proto.digests -m remote_partitioner.proto.program_errors \
+		-m remote_partitioner.proto.transport
 
 test: venv node-client check-proto lint
 	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS) tests

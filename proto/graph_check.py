@@ -1,11 +1,20 @@
 """Checks of the export schema's JSON that keep a client's program from running code.
 
 torch's (and exir's) deserializers turn parts of the JSON into code or imports without any
-pickle: a symbolic expression goes to ``sympy.sympify`` (an eval), a graph name is written into
-the ``forward`` that FX generates and execs, and a treespec may name modules to import. Every
-field that could do so is checked here, by field name (the export schema names them
-consistently), before any deserializer sees the JSON: :func:`check_fields` for the codec's
-graphs, :func:`field_rule` field by field for the PT2 archive reader.
+pickle: a node target names a Python callable to call, a symbolic expression goes to
+``sympy.sympify`` (an eval), a graph name is written into the ``forward`` that FX generates and
+execs, and a treespec may name modules to import. Every field that could do so is checked here,
+before any deserializer sees the JSON:
+
+* node targets against an allow-list (:func:`check_target`: registered operators and a few
+  safe functions);
+* every other field by its name (the export schema names them consistently):
+  :func:`check_fields` for a whole document, :func:`field_rule` field by field for the PT2
+  archive reader;
+* :func:`checked_graph_json` parses a graph blob and applies both.
+
+This module imports nothing of the codec (its exceptions are
+:mod:`remote_partitioner.proto.program_errors`): the codec's decoder imports it.
 """
 
 from __future__ import annotations
@@ -17,16 +26,132 @@ import tokenize
 from collections import OrderedDict, defaultdict
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 from torch.utils._sympy.symbol import prefix_str
 
-from remote_partitioner.proto.codec import ProgramDecodeError, check_target
+from remote_partitioner.proto.program_errors import ProgramDecodeError
 
-__all__ = ["UnsafeGraphError", "check_fields", "check_fqn", "field_rule"]
+__all__ = [
+    "UnsafeGraphError",
+    "check_fields",
+    "check_fqn",
+    "check_target",
+    "checked_graph_json",
+    "field_rule",
+]
 
 
 class UnsafeGraphError(ProgramDecodeError):
     """Code where only data belongs (e.g. ``guards_code`` that is not a shape guard)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Node targets
+
+
+# Python functions a graph may call besides registered operators: the symbolic-size arithmetic
+# that torch.export records (operator.*, math.*, torch.sym_*) and ExecuTorch's memory ops.
+_SAFE_FUNCTIONS = frozenset(
+    [f"_operator.{n}" for n in (
+        "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "pos",
+        "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_", "abs",
+    )]
+    + [f"math.{n}" for n in ("ceil", "floor", "trunc", "sqrt")]
+    + [f"torch.{n}" for n in (
+        "sym_float", "sym_int", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt",
+        "sym_sum", "_sym_sqrt", "sym_constrain_range", "sym_constrain_range_for_size",
+    )]
+    + ["executorch.exir.memory.view", "memory.alloc"]
+)
+_OP_PREFIXES = {
+    "torch.ops.": 2,
+    "executorch.exir.dialects.edge.ops.": 5,
+    "executorch.exir.dialects.backend.ops.": 5,
+}
+
+
+def check_target(target: str) -> None:
+    """Accept only targets that resolve to registered operators or to the few safe functions
+    above; :class:`ProgramDecodeError` otherwise. Nothing a client sends names code to run.
+
+    Operators: ``torch.ops.<namespace>.<op>.<overload>`` (and ``torch.ops.higher_order.<op>``),
+    and the ExecuTorch edge and backend dialects' ``...ops.<namespace>.<op>.<overload>``.
+    """
+    if target in _SAFE_FUNCTIONS:
+        return
+    for prefix, skip in _OP_PREFIXES.items():
+        if not target.startswith(prefix):
+            continue
+        parts = target.split(".")[skip:]
+        if not 2 <= len(parts) <= 3 or not all(
+            p.isidentifier() and not p.startswith("__") for p in parts
+        ):
+            break
+        if prefix == "torch.ops.":
+            resolved: Any = torch.ops
+        elif "edge" in prefix:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            resolved = exir_ops.edge
+        else:
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            resolved = exir_ops.backend
+        try:
+            for p in parts:
+                resolved = getattr(resolved, p)
+        except (AttributeError, RuntimeError):
+            break
+        kinds: tuple[type, ...] = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
+        if isinstance(resolved, kinds) or type(resolved).__name__ in (
+            "EdgeOpOverload", "BackendOpOverload"
+        ):
+            return
+        break
+    raise ProgramDecodeError(
+        f"graph target {target[:200]!r} is not a registered operator: refused"
+    )
+
+
+def _check_targets(value: Any) -> None:
+    """Check the target of every node of the serialized graph, nested graphs included."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "target" in v and "inputs" in v and "outputs" in v:
+                if not isinstance(v["target"], str):
+                    raise ProgramDecodeError("a graph node's target is not a string")
+                check_target(v["target"])
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def checked_graph_json(raw: bytes) -> Any:
+    """The export schema's JSON (bytes), parsed, with every node target checked by
+    :func:`check_target`; :class:`ProgramDecodeError` if it is not a JSON object or names
+    anything else."""
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProgramDecodeError(
+            f"the program's graph cannot be deserialized: not JSON: {e}"
+        ) from None
+    if not isinstance(value, dict):
+        raise ProgramDecodeError("the program's graph cannot be deserialized: not a JSON object")
+    _check_targets(value)
+    try:
+        check_fields(value)
+    except RecursionError:
+        raise ProgramDecodeError("the program's graph is nested too deeply") from None
+    return value
+
+
+
+# --------------------------------------------------------------------------------------------
+# Fields
 
 
 def _short(e: BaseException) -> str:

@@ -4,9 +4,10 @@
 partitioners, the blob store, the limits and the result cache) and implements each RPC of
 ``remote_partitioner.v1.RemotePartitioner`` as a method that takes and returns the contract's
 messages. It owns admission control, the bounds on requests, the result-cache policy, chunk
-reassembly (:mod:`remote_partitioner.server.uploads`), partitioner lookup and spec decoding. Every refusal is a
-:class:`~remote_partitioner.proto.errors.ServiceError` whose reason decides the status code
-(:data:`~remote_partitioner.proto.errors.STATUS_CODES`); the servicer only translates.
+reassembly (:mod:`remote_partitioner.server.uploads`), partitioner lookup and spec decoding.
+Every refusal is a :class:`~remote_partitioner.proto.errors.ServiceError` whose reason decides
+the status code (:data:`~remote_partitioner.proto.errors.STATUS_CODES`); the servicer only
+translates.
 
 Deadlines reach this layer as a ``time_remaining`` callable (seconds left, or None for no
 deadline), so that it can refuse to start work whose caller has stopped waiting.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,9 +14,13 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.program._fake_program import get_fake_program
+from torch._export.serde import serialize as tser
 from torch.export import Dim, ExportedProgram, export
 
 from remote_partitioner.proto import codec
+from remote_partitioner.proto.codec.deserializers import schema_type_hints_memoized
+from remote_partitioner.proto.codec.encode import Encoder
+from remote_partitioner.proto.codec.serializers import serialize_aten
 
 META_KEYS = (
     "stack_trace", "source_fn_stack", "torch_fn", "debug_handle",
@@ -152,6 +157,35 @@ def test_decoding_never_unpickles(monkeypatch: pytest.MonkeyPatch) -> None:
         codec.decode_program(e.message, lambda d, e=e: e.blobs[d.hash])
 
 
+def test_type_hints_are_memoized_only_while_deserializing() -> None:
+    """The ``typing.get_type_hints`` replacement is in place inside the deserializers only:
+    encoding and importing the codec leave ``typing`` alone, decoding puts it back."""
+    from torch._export.serde import schema
+
+    original = typing.get_type_hints
+    seen: list[bool] = []
+    real_dict_to_dataclass = tser._dict_to_dataclass
+
+    def spy(cls: Any, data: Any) -> Any:
+        seen.append(typing.get_type_hints is not original)
+        return real_dict_to_dataclass(cls, data)
+
+    for name in ("aten", "edge-with-delegates"):
+        encoded = codec.encode_program(PROGRAMS[name])
+        assert typing.get_type_hints is original
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(tser, "_dict_to_dataclass", spy)
+            codec.decode_program(encoded.message, lambda d, e=encoded: e.blobs[d.hash])
+        assert typing.get_type_hints is original, name
+    assert seen and all(seen)
+    with schema_type_hints_memoized(), schema_type_hints_memoized():  # nested: one install
+        hints = typing.get_type_hints(schema.Node, globalns=vars(schema))
+        assert typing.get_type_hints(schema.Node, globalns=vars(schema)) is hints
+        extras = original(schema.Node, vars(schema), None, True)  # passed through: not memoized
+        assert typing.get_type_hints(schema.Node, vars(schema), None, True) == extras != hints
+    assert typing.get_type_hints is original
+
+
 def test_missing_blob_is_named() -> None:
     encoded = codec.encode_program(PROGRAMS["edge"])
     target = encoded.message.state_dict[0].storage
@@ -190,9 +224,9 @@ def test_aten_graph_json_is_torchs_own() -> None:
             ep, serialize_state_dict=False, serialize_constants=False,
             serialize_example_inputs=False,
         ).exported_program
-        encoder = codec._Encoder(None)
-        ours = codec._serialize_aten(ep, encoder)
-        assert ours == codec._Encoder(None).graph_json(
+        encoder = Encoder(None)
+        ours = serialize_aten(ep, encoder)
+        assert ours == Encoder(None).graph_json(
             json.loads(theirs), tser.EnumEncoder, allow_nan=False
         )
         assert encoder._graph_ids  # there were graph ids to renumber

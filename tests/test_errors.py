@@ -35,6 +35,7 @@ from remote_partitioner.client import (
 )
 from remote_partitioner.client.errors import RemoteTraceback
 from remote_partitioner.proto import codec
+from remote_partitioner.proto.codec import encode
 from remote_partitioner.proto.errors import (
     BLOB_DIGEST,
     DOMAIN,
@@ -929,7 +930,7 @@ def test_fingerprint_mismatch_through_client(
                 f.target = "edge.aten.sub.Tensor"
         return out
 
-    monkeypatch.setattr(codec, "fingerprint", tampered)
+    monkeypatch.setattr(encode, "fingerprint", tampered)  # what encode_program sends
     remote = RemotePartitioner(conn.target, "xnnpack")
     try:
         with pytest.raises(FingerprintMismatchError) as excinfo:

@@ -17,6 +17,7 @@ from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
+from remote_partitioner.proto.codec import encode
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server.results import ResultCache
 
@@ -156,7 +157,7 @@ def test_each_storage_is_hashed_once_per_lowering(
         return digest_of(data)
 
     ep = _export()
-    monkeypatch.setattr(codec, "digest_of", counting)
+    monkeypatch.setattr(encode, "digest_of", counting)  # what the encoder hashes with
     remote = RemotePartitioner(target, "xnnpack", timeout=300)
     _pte(ep, remote)
     assert remote.stats["calls"] > 4 and hashed

@@ -1,0 +1,31 @@
+"""The blob digests a ``Program`` message names (to ask which are missing, to fetch them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+
+__all__ = ["graph_digests", "iter_digests"]
+
+
+def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
+    """The graph (JSON) blob digests of a Program message and its nested lowered programs."""
+    yield msg.graph
+    for lm in msg.lowered_modules:
+        yield from graph_digests(lm.original_program)
+
+
+def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]:
+    """Every blob digest a Program message names, with nested lowered programs' unless
+    ``nested`` is false."""
+    yield msg.graph
+    for r in (*msg.state_dict, *msg.constants):
+        if not r.fake:
+            yield r.storage
+    for m in msg.module_tensors:
+        if not m.tensor.fake:
+            yield m.tensor.storage
+    if nested:
+        for lm in msg.lowered_modules:
+            yield from iter_digests(lm.original_program)

@@ -1,0 +1,222 @@
+"""The graph blob, read by the ecosystem's own deserializers.
+
+The inverse of :mod:`~remote_partitioner.proto.codec.serializers`. The JSON is checked by
+:func:`~remote_partitioner.proto.graph_check.checked_graph_json` before any deserializer sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from remote_partitioner.proto.codec.serializers import GET_ATTR_MARKER, LOWERED_MARKER
+from remote_partitioner.proto.graph_check import checked_graph_json
+from remote_partitioner.proto.program_errors import ProgramDecodeError
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+
+if TYPE_CHECKING:
+    from remote_partitioner.proto.codec.decode import Decoder
+
+__all__ = ["deserialize_aten", "deserialize_edge", "schema_type_hints_memoized"]
+
+
+_SCHEMA_MODULES = frozenset({"torch._export.serde.schema", "executorch.exir.serde.schema"})
+
+#: Type hints of the schema modules' classes, by (class, id of the globals passed), once per
+#: process: a class's hints never change.
+_SCHEMA_HINTS: dict[tuple[type, int], dict[str, Any]] = {}
+_hints_lock = threading.Lock()
+_hints_users = 0  # the calls inside schema_type_hints_memoized(), in every thread
+_hints_original: Callable[..., dict[str, Any]] | None = None
+_hints_installed: Callable[..., dict[str, Any]] | None = None
+
+
+def _memoized_type_hints(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``original`` (``typing.get_type_hints``), answering from :data:`_SCHEMA_HINTS` for the
+    export schemas' classes and passing every other call through unchanged."""
+
+    def get_type_hints(
+        obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False
+    ) -> dict[str, Any]:
+        if (
+            isinstance(obj, type)
+            and obj.__module__ in _SCHEMA_MODULES
+            and localns is None
+            and not include_extras
+        ):
+            key = (obj, id(globalns))
+            hints = _SCHEMA_HINTS.get(key)
+            if hints is None:
+                hints = _SCHEMA_HINTS[key] = original(obj, globalns)
+            return hints
+        return original(obj, globalns, localns, include_extras)
+
+    return get_type_hints
+
+
+@contextlib.contextmanager
+def schema_type_hints_memoized() -> Iterator[None]:
+    """Within the block, ``typing.get_type_hints`` remembers its answer for the export schemas'
+    classes; on leaving it (the last of nested or concurrent blocks), the function is the one
+    it was before.
+
+    The schema deserializers (``_dict_to_dataclass``, in torch and in ExecuTorch) ask for the
+    type hints of a schema class once per *object* they build, and resolving them was half of
+    the time it took to read a graph; they find the function as the attribute of the ``typing``
+    module, so it is that attribute that is replaced. Only the decoder's deserializing is
+    wrapped, so a process that never decodes (a client) never sees ``typing`` patched.
+
+    While a block runs the replacement is visible to every thread of the process; it answers
+    like the original, and for a schema class with no ``localns`` and no ``include_extras``
+    it returns the one remembered dict, which callers must not mutate (the deserializers only
+    read it). If something else replaced ``typing.get_type_hints`` meanwhile, it is left alone.
+    """
+    global _hints_users, _hints_original, _hints_installed
+    with _hints_lock:
+        if _hints_users == 0:
+            _hints_original = typing.get_type_hints
+            _hints_installed = _memoized_type_hints(_hints_original)
+            typing.get_type_hints = _hints_installed
+        _hints_users += 1
+    try:
+        yield
+    finally:
+        with _hints_lock:
+            _hints_users -= 1
+            if _hints_users == 0:
+                if typing.get_type_hints is _hints_installed:
+                    typing.get_type_hints = _hints_original  # type: ignore[assignment]
+                _hints_original = _hints_installed = None
+
+
+#: Held while exir's module-level GraphModuleDeserializer is replaced (see deserialize_edge).
+_exir_deserializer_lock = threading.RLock()
+
+
+def deserialize_aten(
+    raw: bytes, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
+) -> ExportedProgram:
+    """The ATen program whose export-schema JSON is ``raw``, read by torch's deserializer with
+    the given tensors (``raw`` is checked by ``checked_graph_json`` first).
+
+    Raises:
+        ProgramDecodeError: ``raw`` is refused by the checks. Whatever torch's deserializer
+            raises on a malformed document passes through (the decoder wraps it).
+    """
+    from torch._export.serde import serialize as tser
+
+    value = checked_graph_json(raw)
+    with schema_type_hints_memoized():
+        serialized = tser._dict_to_dataclass(tser.ExportedProgram, value)
+        return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
+
+
+def deserialize_edge(
+    raw: bytes,
+    state_dict: dict[str, torch.Tensor],
+    constants: dict[str, torch.Tensor],
+    lowered: Mapping[tuple[str, str], pb.LoweredModule],
+    module_tensors: Mapping[tuple[str, str], pb.TensorRef],
+    decoder: Decoder,
+) -> ExportedProgram:
+    """The Edge program whose export-schema JSON is ``raw``, read by ExecuTorch's deserializer
+    with the given tensors, its lowered modules' original programs decoded by ``decoder`` and
+    its ``get_attr`` tensors built by it (``raw`` is checked by ``checked_graph_json`` first).
+
+    exir's ``ExportedProgramDeserializer`` builds the module-level ``GraphModuleDeserializer``
+    class: it is replaced by a subclass for the call, under a lock (re-entrant: a lowered
+    module's program is decoded inside the call), so that concurrent calls do not see each
+    other's subclass.
+
+    Raises:
+        ProgramDecodeError: ``raw`` is refused by the checks, or names a lowered module or
+            module tensor the message does not hold. Whatever exir's deserializer raises on a
+            malformed document passes through (the decoder wraps it).
+    """
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from executorch.exir.serde import export_serialize, schema
+    from executorch.exir.serde import serialize as eser
+
+    class Deserializer(eser.GraphModuleDeserializer):  # type: ignore[misc,valid-type]
+        """exir's deserializer, with lowered modules and get_attr tensors read by reference."""
+
+        def _module_path(self) -> str:
+            # Submodule graphs are deserialized into fresh modules; their path is tracked
+            # through the stack of graph arguments being read.
+            return "." .join(self._path_stack)
+
+        def deserialize_lowered_module(self, arg: Any) -> torch.fx.Node:
+            ref = json.loads(arg.arg.value).get(LOWERED_MARKER)
+            if not isinstance(ref, dict):
+                raise ProgramDecodeError("malformed lowered module reference")
+            m = lowered.get((str(ref.get("path")), str(ref.get("name"))))
+            if m is None:
+                raise ProgramDecodeError(f"lowered module {ref!r} is not in the program")
+            original = decoder.program(m.original_program)
+            module = LoweredBackendModule(
+                original,
+                m.backend_id,
+                b"",
+                [_compile_spec(cs) for cs in m.compile_specs],
+            )
+            self.module.register_module(m.name, module)
+            return self.graph.get_attr(m.name)
+
+        def deserialize_input(self, inp: Any) -> Any:
+            if inp.type == "as_string" and inp.value.startswith(GET_ATTR_MARKER):
+                ref = json.loads(inp.value[len(GET_ATTR_MARKER):])
+                tensor_ref = module_tensors.get((self._module_path(), ref["target"]))
+                if tensor_ref is None:
+                    raise ProgramDecodeError(f"module tensor {ref!r} is not in the program")
+                existing = self._get_attrs.get((id(self.graph), ref["target"]))
+                if existing is not None:
+                    return existing
+                t = decoder.tensor(tensor_ref)
+                self.module.register_buffer(ref["target"], t)  # type: ignore[attr-defined]
+                node = self.graph.get_attr(ref["target"])
+                node.name = ref["name"]
+                self._get_attrs[(id(self.graph), ref["target"])] = node
+                return node
+            if inp.type == "as_graph":
+                self._path_stack.append(inp.value.name)
+                try:
+                    return super().deserialize_input(inp)
+                finally:
+                    self._path_stack.pop()
+            return super().deserialize_input(inp)
+
+    value = checked_graph_json(raw)
+    with schema_type_hints_memoized():
+        serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, value)
+    original_init = Deserializer.__init__
+
+    def init(self: Any) -> None:
+        original_init(self)
+        self._path_stack = []
+        self._get_attrs = {}
+
+    Deserializer.__init__ = init  # type: ignore[method-assign]
+    with _exir_deserializer_lock:
+        saved = eser.GraphModuleDeserializer
+        eser.GraphModuleDeserializer = Deserializer
+        try:
+            with schema_type_hints_memoized():
+                return eser.ExportedProgramDeserializer().deserialize(
+                    serialized, state_dict, constants
+                )
+        finally:
+            eser.GraphModuleDeserializer = saved
+
+
+def _compile_spec(cs: pb.CompileSpec) -> Any:
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    return CompileSpec(cs.key, bytes(cs.value))

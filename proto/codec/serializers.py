@@ -1,0 +1,174 @@
+"""The graph blob, written by the ecosystem's own serializers.
+
+ATen programs are written by ``torch._export.serde`` (:func:`serialize_aten`), Edge programs by
+``executorch.exir.serde`` (:func:`serialize_edge`), extended where it cannot go: lowered backend
+modules and ``get_attr`` tensors are written as references (:data:`LOWERED_MARKER`,
+:data:`GET_ATTR_MARKER`) that :mod:`~remote_partitioner.proto.codec.deserializers` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from remote_partitioner.proto.program_errors import CodecError, ProgramEncodeError
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+
+if TYPE_CHECKING:
+    from remote_partitioner.proto.codec.encode import Encoder
+
+__all__ = ["GET_ATTR_MARKER", "LOWERED_MARKER", "serialize_aten", "serialize_edge"]
+
+#: The key of the JSON object that stands for a lowered backend module (its path and name).
+LOWERED_MARKER = "remote_partitioner.lowered_module"
+#: The prefix of the string argument that stands for a ``get_attr`` node reading a tensor.
+GET_ATTR_MARKER = "\x00remote_partitioner.get_attr\x00"
+
+
+def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
+    """The export schema's JSON for ``ep``'s graph, as ``torch._export.serde.serialize`` writes
+    it with no state dict, constants or example inputs.
+
+    This is ``ExportedProgramSerializer.serialize`` without two steps whose results it throws
+    away: the ``canonicalize`` self-check (a deep copy of the whole schema object, half the
+    time) and pickling. The bytes are the same but for the process-local ids that
+    :meth:`.encode.Encoder.canonical_graph_ids` renumbers (``tests/test_codec.py`` compares them).
+    """
+    from torch._export.non_strict_utils import _enable_graph_inputs_of_type_nn_module
+    from torch._export.serde import schema
+    from torch._export.serde import serialize as tser
+
+    try:
+        with _enable_graph_inputs_of_type_nn_module(ep.example_inputs):
+            ep.validate()
+            module = tser.GraphModuleSerializer(
+                ep.graph_signature, ep.module_call_graph
+            ).serialize(ep.graph_module)
+            serialized = schema.ExportedProgram(
+                graph_module=module,
+                opset_version={"aten": torch._C._get_max_operator_version()},
+                range_constraints=tser.serialize_range_constraints(ep.range_constraints),
+                schema_version=schema.SchemaVersion(
+                    major=tser.SCHEMA_VERSION[0], minor=tser.SCHEMA_VERSION[1]
+                ),
+                verifiers=[v.dialect for v in ep.verifiers],
+                torch_version=torch.__version__,
+                guards_code=ep._guards_code,
+            )
+            return encoder.graph_json(
+                tser._dataclass_to_dict(serialized), tser.EnumEncoder, allow_nan=False
+            )
+    except Exception as e:
+        raise ProgramEncodeError(f"torch's serializer failed: {type(e).__name__}: {e}") from e
+
+
+def _edge_serializer_class() -> type:
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from executorch.exir.serde import export_serialize, schema
+    from executorch.exir.serde import serialize as eser
+
+    class Serializer(eser.GraphModuleSerializer):  # type: ignore[misc,valid-type]
+        """exir's serializer, with lowered modules and get_attr tensors sent by reference."""
+
+        encoder: Encoder
+        lowered: list[pb.LoweredModule]
+        module_tensors: list[pb.ModuleTensor]
+        paths: dict[int, str]
+
+        def _path_of(self, node: torch.fx.Node) -> str:
+            return self.paths.get(id(node.graph.owning_module), "")
+
+        def serialize_lowered_module(self, lowered_module_arg: torch.fx.Node) -> str:
+            owner = lowered_module_arg.graph.owning_module
+            module = getattr(owner, str(lowered_module_arg.target))
+            if not isinstance(module, LoweredBackendModule):
+                raise ProgramEncodeError(
+                    f"{lowered_module_arg.target!r} is not a lowered backend module"
+                )
+            path = self._path_of(lowered_module_arg)
+            self.lowered.append(
+                pb.LoweredModule(
+                    module_path=path,
+                    name=str(lowered_module_arg.target),
+                    backend_id=module.backend_id,
+                    compile_specs=[
+                        pb.CompileSpec(key=cs.key, value=bytes(cs.value))
+                        for cs in module.compile_specs
+                    ],
+                    original_program=self.encoder.program(module.original_module),
+                )
+            )
+            return json.dumps(
+                {LOWERED_MARKER: {"path": path, "name": str(lowered_module_arg.target)}}
+            )
+
+        def serialize_input(self, arg: Any, arg_type: Any = None) -> Any:
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                attr = getattr(arg.graph.owning_module, str(arg.target))
+                if isinstance(attr, torch.Tensor):
+                    path = self._path_of(arg)
+                    self.module_tensors.append(
+                        pb.ModuleTensor(
+                            module_path=path, tensor=self.encoder.tensor(str(arg.target), attr)
+                        )
+                    )
+                    text = json.dumps({"name": arg.name, "target": str(arg.target)})
+                    return schema.Argument.create(as_string=GET_ATTR_MARKER + text)
+            return super().serialize_input(arg, arg_type)
+
+    del export_serialize
+    return Serializer
+
+
+def serialize_edge(
+    ep: ExportedProgram,
+    encoder: Encoder,
+    lowered: list[pb.LoweredModule],
+    module_tensors: list[pb.ModuleTensor],
+    paths: dict[int, str],
+) -> bytes:
+    """The export schema's JSON for Edge program ``ep``, written by ExecuTorch's serializer,
+    with each lowered module appended to ``lowered`` (its original program encoded by
+    ``encoder``) and each tensor a ``get_attr`` node reads appended to ``module_tensors``;
+    ``paths`` maps ``id()`` of each graph module to its path.
+
+    Raises:
+        ProgramEncodeError: the serializer failed, or the program holds custom objects.
+    """
+    from executorch.exir.serde import export_serialize, schema
+    from executorch.exir.serde.schema import SCHEMA_VERSION
+
+    serializer = _edge_serializer_class()(ep.graph_signature, ep.module_call_graph)
+    serializer.encoder = encoder
+    serializer.lowered = lowered
+    serializer.module_tensors = module_tensors
+    serializer.paths = paths
+    try:
+        graph_module = serializer.serialize(ep.graph_module)
+        serialized = schema.ExportedProgram(
+            graph_module=graph_module,
+            opset_version={"aten": torch._C._get_max_operator_version()},
+            range_constraints=export_serialize.serialize_range_constraints(
+                ep.range_constraints
+            ),
+            schema_version=schema.SchemaVersion(major=SCHEMA_VERSION[0], minor=SCHEMA_VERSION[1]),
+            verifiers=[v.dialect for v in ep.verifiers],
+        )
+    except CodecError:
+        raise
+    except Exception as e:
+        raise ProgramEncodeError(
+            f"ExecuTorch's serializer failed: {type(e).__name__}: {e}"
+        ) from e
+    if serializer.custom_objs:
+        raise ProgramEncodeError(
+            f"custom objects {sorted(serializer.custom_objs)} cannot cross the wire"
+        )
+    return encoder.graph_json(
+        export_serialize._dataclass_to_dict(serialized), export_serialize.EnumEncoder,
+        allow_nan=True,
+    )
