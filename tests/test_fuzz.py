@@ -42,7 +42,6 @@ import itertools
 import json
 import math
 import pickle
-import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
