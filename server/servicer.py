@@ -214,11 +214,12 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         try:
             responses = self.instance.read_blobs(request)
             while True:
-                # Each blob is looked up (and a file mapped) off the loop, chunk by chunk.
-                batch = await self._off_loop(self._io, _take, responses, 8)
-                if not batch:
+                # Each blob is looked up (and a file mapped) off the loop, chunk by chunk, so
+                # that a slow reader holds one chunk, not its blob.
+                chunk = await self._off_loop(self._io, next, responses, None)
+                if chunk is None:
                     return
-                await self._write_all(context, iter(batch), "ReadBlobs")
+                await self._write_all(context, iter([chunk]), "ReadBlobs")
         except ServiceError as e:
             await _abort(context, e)
         finally:
@@ -257,16 +258,6 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 await self._write_all(context, _lower_chunks(pte), "Lower")
         finally:
             self.streams.open_streams -= 1
-
-
-def _take(it: Iterator[_T], n: int) -> list[_T]:
-    """Up to ``n`` items of ``it``."""
-    out = []
-    for item in it:
-        out.append(item)
-        if len(out) == n:
-            break
-    return out
 
 
 def _lower_chunks(pte: bytes) -> Iterator[pb.LowerResponse]:
