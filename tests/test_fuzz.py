@@ -784,6 +784,7 @@ def _check_blob_failure(outcome: Outcome, named: Sequence[pb.Digest]) -> None:
 # 1. Discovery and blobs
 
 
+@pytest.mark.slow
 @FUZZ
 @given(raw=st.binary(max_size=64))
 def test_list_partitioners(harness: Harness, raw: bytes) -> None:
@@ -805,6 +806,7 @@ def test_list_partitioners(harness: Harness, raw: bytes) -> None:
     harness.assert_serving()
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=60)
 @given(named=st.lists(digests(), max_size=8))
 def test_find_missing_blobs(harness: Harness, named: list[pb.Digest]) -> None:
@@ -922,6 +924,7 @@ def test_read_blobs(harness: Harness, named: list[pb.Digest]) -> None:
 # 2. The hooks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rpc", HOOKS)
 @FUZZ
 @given(data=st.data())
@@ -989,6 +992,7 @@ def program_bytes(draw: st.DrawFn, real: RealProgram) -> bytes:
     return bytes(raw)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_hooks_on_programs_from_bytes(
@@ -1148,6 +1152,7 @@ def check_lower_response(messages: list[pb.LowerResponse], report_only: bool) ->
     assert codec.digest_of(bytes(pte)) == first.pte
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=25)
 @given(data=st.data())
 def test_lower(harness: Harness, archive: bytes, data: st.DataObject) -> None:
@@ -1194,6 +1199,7 @@ def _decode_raises_only_codec_errors(msg: pb.Program, blobs: dict[str, bytes]) -
         ), e
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_decode_random_programs(reals: dict[str, RealProgram], data: st.DataObject) -> None:
@@ -1214,6 +1220,7 @@ def test_decode_mutated_real_programs(reals: dict[str, RealProgram], data: st.Da
     _decode_raises_only_codec_errors(program, blobs)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_decode_programs_from_bytes(reals: dict[str, RealProgram], data: st.DataObject) -> None:
@@ -1392,6 +1399,7 @@ def test_meta_value_refuses_what_is_not_plain_data(value: Any) -> None:
         codec.encode_meta_value(value, where="node x, key y")
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=100)
 @given(raw=st.binary(max_size=80))
 def test_decode_meta_value_of_arbitrary_messages(raw: bytes) -> None:

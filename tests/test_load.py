@@ -83,6 +83,7 @@ def test_512_stalled_uploads_leave_health_and_partitioning_prompt(
         assert stalled.done() == 0, f"{stalled.done()} stalled streams ended early"
 
 
+@pytest.mark.slow
 @pytest.mark.server_args("--stream-idle-seconds", "30")
 def test_slow_readers_leave_health_and_partitioning_prompt(
     server: str, local_pte: bytes
@@ -170,6 +171,7 @@ def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
     assert remote.stats["overloaded_retries"] >= 1, remote.stats
 
 
+@pytest.mark.slow
 def test_stalled_streams_are_cancelled_cleanly_on_shutdown(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -181,6 +183,7 @@ def test_stalled_streams_are_cancelled_cleanly_on_shutdown(
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_a_bad_stream_request_is_refused_without_blocking(server: str) -> None:
     """A chunk out of order is refused at once even while other streams stall."""
     with StalledStreams(server, 16, "upload"), grpc.insecure_channel(server) as channel:

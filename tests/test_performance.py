@@ -56,6 +56,7 @@ def cached_server() -> Iterator[tuple[ResultCache, str]]:
         server.stop(grace=1).wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_repeated_calls_on_an_unchanged_program_are_answered_from_memory(
     cached_server: tuple[ResultCache, str],
 ) -> None:
@@ -104,6 +105,7 @@ def test_a_changed_program_is_asked_again(cached_server: tuple[ResultCache, str]
     assert remote.stats["memo_hits"] == before
 
 
+@pytest.mark.slow
 def test_second_lowering_is_answered_from_the_result_cache(
     cached_server: tuple[ResultCache, str],
 ) -> None:
