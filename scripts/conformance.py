@@ -361,7 +361,8 @@ class ConformancePlugin:
 
 def format_table(rows: dict[str, dict[str, int]]) -> str:
     """The per-flow summary as a fixed-width table."""
-    header = f"{'flow':<36}{'tests':>7}{'identical':>11}{'differing':>11}{'failing remote only':>21}"
+    header = (f"{'flow':<36}{'tests':>7}{'identical':>11}{'differing':>11}"
+              f"{'failing remote only':>21}")
     lines = [header, "-" * len(header)]
     for flow, r in rows.items():
         lines.append(f"{flow:<36}{r['tests']:>7}{r['identical']:>11}{r['differing']:>11}"
