@@ -385,7 +385,7 @@ class PartitionerInstance:
             except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
                 raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
             if after:
-                response.rng_state = after[0]
+                response.rng_state = after[0]  # type: ignore[attr-defined]
         self.results.put(key, response)
         return response
 
