@@ -4,6 +4,7 @@
 #   make test    check generated code, lint, run the whole test suite (PYTEST_ARGS=... passes on)
 #   make test-fast  the same checks, then the tests not marked slow (under 3 minutes on 2 cores)
 #   make serve   run the server on $(ADDRESS)
+#   make conformance  ExecuTorch's backend test suite, each hosted flow vs its remote twin
 #   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
 #                then the load figures (make bench-load: stalled streams, concurrent uploads)
 
@@ -20,7 +21,7 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load clean distclean
+.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load conformance clean distclean
 
 venv: $(STAMP)
 
@@ -92,3 +93,9 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) $(NODE_CLIENT)/node_modules
+
+# ExecuTorch's backend conformance suite, every hosted flow and its remote twin (long on 2 cores;
+# CONFORMANCE_ARGS=... passes on, e.g. --flows xnnpack --suite operators -k test_add).
+CONFORMANCE_ARGS ?=
+conformance: venv
+	$(BIN)/python scripts/conformance.py --json build/conformance.json $(CONFORMANCE_ARGS)

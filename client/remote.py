@@ -149,8 +149,9 @@ class RemotePartitioner(Partitioner):
         self.check_versions = check_versions
         self.max_retries = max_retries
         self.memoize = memoize
-        # hook RPC name -> (snapshot of the program, response, encoding) of the last call
-        self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram]] = {}
+        # hook RPC name -> (snapshot of the program, response, encoding, generator state sent)
+        # of the last call
+        self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram, bytes]] = {}
         # One affinity key per partitioner: its calls stay on one replica (see channel.py).
         self._metadata: tuple[tuple[str, str], ...] = (
             (AFFINITY_METADATA_KEY, new_affinity_key()),
@@ -281,14 +282,25 @@ class RemotePartitioner(Partitioner):
         """Encode ``ep``, upload what the server lacks, call ``method`` (see
         :meth:`_encode_and_call`). A repeated call on the unchanged program is answered from
         memory."""
+        # The caller's generator state goes with the call and the state the hook left comes
+        # back, so that the process draws next what it would have after the local hook.
+        rng = torch.get_rng_state().numpy().tobytes()
         snapshot = _Snapshot(ep) if self.memoize else None
         memo = self._memo.get(rpc)
-        if memo is not None and memo[0] == snapshot:
+        if memo is not None and memo[0] == snapshot and memo[3] == rng:
             self.stats["memo_hits"] += 1
+            _apply_rng_state(memo[1])
             return memo[1], memo[2]
-        response, encoded = self._encode_and_call(getattr(self.stub, rpc), make, ep)
+
+        def make_with_rng(ref: pb.Digest) -> Any:
+            request = make(ref)
+            request.rng_state = rng
+            return request
+
+        response, encoded = self._encode_and_call(getattr(self.stub, rpc), make_with_rng, ep)
         if snapshot is not None:
-            self._memo[rpc] = (snapshot, response, encoded)
+            self._memo[rpc] = (snapshot, response, encoded, rng)
+        _apply_rng_state(response)
         return response, encoded
 
     def _encode_and_call(
@@ -451,6 +463,12 @@ class RemotePartitioner(Partitioner):
             return local if local is not None else self._read_blob(d)
 
         return codec.decode_program(response.program, blob)
+
+
+def _apply_rng_state(response: Any) -> None:
+    """Set this process's CPU generator to the state the remote hook left, if it drew."""
+    if response.rng_state:
+        torch.set_rng_state(torch.frombuffer(bytearray(response.rng_state), dtype=torch.uint8))
 
 
 class _RemoteFilter:

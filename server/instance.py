@@ -123,6 +123,50 @@ def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
     return out
 
 
+def _rng_state(raw: bytes) -> torch.Tensor | None:
+    """The caller's CPU generator state from a hook request's ``rng_state`` (None if empty).
+
+    Raises:
+        ServiceError: INVALID_PROGRAM, the bytes are not a state of this torch's generator.
+    """
+    if not raw:
+        return None
+    size = torch.get_rng_state().numel()
+    if len(raw) != size:
+        raise ServiceError(
+            Reason.INVALID_PROGRAM,
+            f"rng_state has {len(raw)} bytes; this server's generator state has {size}",
+            field="rng_state",
+        )
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+@contextlib.contextmanager
+def _caller_rng(state: torch.Tensor | None) -> Iterator[list[bytes]]:
+    """Run the body with the default CPU generator set to ``state`` (when given); yields a
+    list that holds, after the body, the state it left if that differs from ``state``. The
+    server's own state is restored in every case."""
+    after: list[bytes] = []
+    if state is None:
+        yield after
+        return
+    own = torch.get_rng_state()
+    try:
+        torch.set_rng_state(state)
+    except RuntimeError as e:
+        raise ServiceError(
+            Reason.INVALID_PROGRAM, f"rng_state is not a generator state: {e}",
+            field="rng_state",
+        ) from e
+    try:
+        yield after
+        now = torch.get_rng_state()
+        if not torch.equal(now, state):
+            after.append(now.numpy().tobytes())
+    finally:
+        torch.set_rng_state(own)
+
+
 def partitioner_raised(r: pb.RemoteException) -> ServiceError:
     """PARTITIONER_RAISED for an exception the hosted code raised. The full message and
     traceback travel once, in the ErrorInfo; the status message is a summary, so that the
@@ -320,6 +364,7 @@ class PartitionerInstance:
         all still held, is answered from the result cache, without a turn.
         """
         partitioner = self.partitioner(request.partitioner)
+        rng_state = _rng_state(request.rng_state)
         program = self._program(request)
         self._check_program(program)
         key = self.results.key(rpc, request)
@@ -331,11 +376,16 @@ class PartitionerInstance:
             ep = self._decode(program)
             _deadline_passed(time_remaining)
             try:
-                response = hook(partitioner, ep)
+                # The turn is the process's one hook slot: nothing else uses the generator
+                # between setting the caller's state and reading it back.
+                with _caller_rng(rng_state) as after:
+                    response = hook(partitioner, ep)
             except hooks.PartitionerRaised as e:
                 raise partitioner_raised(e.remote) from e
             except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
                 raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
+            if after:
+                response.rng_state = after[0]  # type: ignore[attr-defined]
         self.results.put(key, response)
         return response
 

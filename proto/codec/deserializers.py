@@ -170,6 +170,40 @@ def deserialize_edge(
             self.module.register_module(m.name, module)
             return self.graph.get_attr(m.name)
 
+        def deserialize_node(self, serialized_node: Any, target: Any) -> None:
+            # exir names a node that returns several values (a multi-output edge operator,
+            # a delegate call with several outputs) by FX's counter, in the order the nodes
+            # are read, and ignores the node's name the JSON records; torch's deserializer
+            # honours it. Without it, two such nodes of one operator can swap names, and
+            # the client's names (the fingerprint, tags, filter answers) would point at
+            # the wrong nodes. The first call_function node the call creates (inputs may
+            # create get_attr nodes first) is given the recorded name.
+            # (A lowered module's program is read while this class is exir's module-level
+            # deserializer, so its class derives from this one: name once, in the subclass.)
+            name = getattr(serialized_node, "name", None)
+            graph = self.graph
+            if not name or "create_node" in vars(graph):
+                return super().deserialize_node(serialized_node, target)
+            create_node = graph.create_node
+            named = False
+
+            def create_named(*args: Any, **kwargs: Any) -> torch.fx.Node:
+                nonlocal named
+                op = args[0] if args else kwargs.get("op")
+                if not named and op == "call_function":
+                    named = True
+                    if len(args) > 4:
+                        args = (*args[:4], name, *args[5:])
+                    else:
+                        kwargs["name"] = name
+                return create_node(*args, **kwargs)
+
+            graph.create_node = create_named  # type: ignore[method-assign]
+            try:
+                super().deserialize_node(serialized_node, target)
+            finally:
+                del graph.create_node
+
         def deserialize_input(self, inp: Any) -> Any:
             if inp.type == "as_string" and inp.value.startswith(GET_ATTR_MARKER):
                 ref = json.loads(inp.value[len(GET_ATTR_MARKER):])

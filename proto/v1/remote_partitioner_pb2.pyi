@@ -385,24 +385,28 @@ class ReadBlobsResponse(_message.Message):
     def __init__(self, digest: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PartitionRequest(_message.Message):
-    __slots__ = ("partitioner", "program", "program_digest")
+    __slots__ = ("partitioner", "program", "program_digest", "rng_state")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
     program_digest: Digest
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class PartitionResponse(_message.Message):
-    __slots__ = ("tags", "partition_tags", "meta_updates")
+    __slots__ = ("tags", "partition_tags", "meta_updates", "rng_state")
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_TAGS_FIELD_NUMBER: _ClassVar[int]
     META_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.RepeatedCompositeFieldContainer[NodeTag]
     partition_tags: _containers.RepeatedCompositeFieldContainer[PartitionTag]
     meta_updates: _containers.RepeatedCompositeFieldContainer[MetaUpdate]
-    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Iterable[_Union[PartitionTag, _Mapping]]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Iterable[_Union[PartitionTag, _Mapping]]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class PartitionTag(_message.Message):
     __slots__ = ("tag", "delegation_spec")
@@ -413,14 +417,16 @@ class PartitionTag(_message.Message):
     def __init__(self, tag: _Optional[str] = ..., delegation_spec: _Optional[_Union[DelegationSpec, _Mapping]] = ...) -> None: ...
 
 class OpsToNotDecomposeRequest(_message.Message):
-    __slots__ = ("partitioner", "program", "program_digest")
+    __slots__ = ("partitioner", "program", "program_digest", "rng_state")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
     program_digest: Digest
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class NodeFailure(_message.Message):
     __slots__ = ("node", "exception")
@@ -431,34 +437,40 @@ class NodeFailure(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ...) -> None: ...
 
 class OpsToNotDecomposeResponse(_message.Message):
-    __slots__ = ("ops", "has_filter", "supported", "failures")
+    __slots__ = ("ops", "has_filter", "supported", "failures", "rng_state")
     OPS_FIELD_NUMBER: _ClassVar[int]
     HAS_FILTER_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedScalarFieldContainer[str]
     has_filter: bool
     supported: _containers.RepeatedCompositeFieldContainer[NodeRef]
     failures: _containers.RepeatedCompositeFieldContainer[NodeFailure]
-    def __init__(self, ops: _Optional[_Iterable[str]] = ..., has_filter: _Optional[bool] = ..., supported: _Optional[_Iterable[_Union[NodeRef, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[NodeFailure, _Mapping]]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, ops: _Optional[_Iterable[str]] = ..., has_filter: _Optional[bool] = ..., supported: _Optional[_Iterable[_Union[NodeRef, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[NodeFailure, _Mapping]]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class TransformForPreDecompositionRequest(_message.Message):
-    __slots__ = ("partitioner", "program", "program_digest")
+    __slots__ = ("partitioner", "program", "program_digest", "rng_state")
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     partitioner: PartitionerRef
     program: Program
     program_digest: Digest
-    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class TransformForPreDecompositionResponse(_message.Message):
-    __slots__ = ("unchanged", "program")
+    __slots__ = ("unchanged", "program", "rng_state")
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     unchanged: bool
     program: Program
-    def __init__(self, unchanged: _Optional[bool] = ..., program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, unchanged: _Optional[bool] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class LowerRequest(_message.Message):
     __slots__ = ("archive", "partitioners", "options")

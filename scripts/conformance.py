@@ -1,0 +1,444 @@
+"""ExecuTorch's backend conformance suite, each test run with a flow and its remote twin.
+
+ExecuTorch ships its backend test suite in the wheel (``executorch/backends/test/suite``:
+operator tests under ``operators/``, model tests under ``models/``, parametrized by the flows of
+``flow.py``). This script runs it with pytest for the flows whose partitioner the server hosts
+(XNNPACK's four, Core ML's two, Vulkan's two) and, inside every test, lowers each model twice:
+with the flow as it is, and with its *remote twin*, the same flow whose partitioners are
+replaced by ``RemotePartitioner`` for the same partitioner and options, against one real server
+this script starts (or ``--server``). Both runs are seeded identically (the suite's seed of the
+test's name, with ``--seed`` as the run seed). A test is *identical* when both runs have the same
+outcome, the same ``.pte`` bytes (Core ML normalized for what two local Core ML lowerings differ
+in: fresh UUIDs and the order of the mlpackage manifest's entries) and leave the same random
+generator state after lowering.
+
+Usage::
+
+    python scripts/conformance.py                        # every hosted flow, operators + models
+    python scripts/conformance.py --flows xnnpack coreml -k "test_add or test_lstm"
+    python scripts/conformance.py --suite operators --json build/conformance.json
+
+It prints pytest's progress, then a table per flow (tests, identical, differing, failing remote
+only) and writes every comparison to the JSON file. Exit status 0 when every test is identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+#: The flows whose partitioners the server hosts.
+HOSTED_FLOWS = (
+    "xnnpack", "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
+    "xnnpack_dynamic_int8_per_channel", "coreml", "coreml_static_int8", "vulkan",
+    "vulkan_static_int8_per_channel",
+)
+SUITES = ("operators", "models")
+
+_UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_MANIFEST = re.compile(rb'\{\s*"fileFormatVersion"')
+
+
+def normalize_coreml(pte: bytes) -> bytes:
+    """``pte`` with what two local Core ML lowerings differ in made equal: each mlpackage
+    manifest (the JSON object starting with ``{"fileFormatVersion"``) has its entries sorted
+    by content and its root named by content, then every remaining UUID is zeroed. (Zeroing
+    first would merge the manifest's keys.) The result is for comparison only."""
+    out, pos = bytearray(), 0
+    decoder = json.JSONDecoder()
+    for match in _MANIFEST.finditer(pte):
+        if match.start() < pos:
+            continue
+        try:
+            text = pte[match.start():].decode("latin-1")
+            manifest, end = decoder.raw_decode(text)
+        except ValueError:
+            continue
+        entries = manifest.get("itemInfoEntries", {})
+        if not isinstance(entries, dict):
+            continue
+        root = entries.get(manifest.get("rootModelIdentifier"))
+        canonical = {
+            **{k: v for k, v in manifest.items() if k not in ("itemInfoEntries",
+                                                              "rootModelIdentifier")},
+            "itemInfoEntries": sorted(json.dumps(v, sort_keys=True) for v in entries.values()),
+            "rootModelIdentifier": json.dumps(root, sort_keys=True),
+        }
+        out += pte[pos:match.start()] + json.dumps(canonical, sort_keys=True).encode()
+        pos = match.start() + len(text[:end].encode("latin-1"))
+    out += pte[pos:]
+    return _UUID.sub(b"00000000-0000-0000-0000-000000000000", bytes(out))
+
+
+# --------------------------------------------------------------------------- the pytest plugin
+
+
+def _remote_twin(partitioner: Any, target: str, flow: Any) -> Any:
+    """A ``RemotePartitioner`` for the hosted partitioner and options ``partitioner`` was built
+    with, as the suite's testers build them."""
+    from remote_partitioner.client import RemotePartitioner
+
+    kind = type(partitioner).__name__
+    if kind == "XnnpackPartitioner":
+        return RemotePartitioner(target, "xnnpack", timeout=1800)
+    if kind == "VulkanPartitioner":
+        return RemotePartitioner(target, "vulkan", dict(partitioner.options), timeout=1800)
+    if kind == "CoreMLPartitioner":
+        keywords = getattr(flow.tester_factory, "keywords", {})
+        spec = {}
+        if keywords.get("minimum_deployment_target") is not None:
+            spec["minimum_deployment_target"] = keywords["minimum_deployment_target"].name
+        return RemotePartitioner(target, "coreml", spec, timeout=1800)
+    raise TypeError(f"no remote twin for a {kind}")
+
+
+@dataclasses.dataclass
+class Lowering:
+    """What one run of one (sub)test gave."""
+
+    result: str
+    error: str
+    pte: bytes | None
+    rng_after_lowering: str | None
+
+
+@dataclasses.dataclass
+class Comparison:
+    """One (sub)test, run with the flow and with its remote twin."""
+
+    test: str
+    flow: str
+    subtest: int
+    local: Lowering
+    remote: Lowering
+    differences: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        def side(x: Lowering) -> dict[str, Any]:
+            return {
+                "result": x.result, "error": x.error[:500],
+                "pte_sha256": hashlib.sha256(x.pte).hexdigest() if x.pte is not None else None,
+                "pte_bytes": len(x.pte) if x.pte is not None else None,
+            }
+
+        return {"test": self.test, "flow": self.flow, "subtest": self.subtest,
+                "identical": not self.differences, "differences": self.differences,
+                "local": side(self.local), "remote": side(self.remote)}
+
+
+class ConformancePlugin:
+    """Runs every suite test with its flow and the flow's remote twin, and compares."""
+
+    def __init__(self, target: str, flows: list[str], seed: int, json_path: Path | None) -> None:
+        self.target = target
+        self.flows = flows
+        self.seed = seed
+        self.json_path = json_path
+        self.comparisons: list[Comparison] = []
+        self.tests: dict[str, str] = {}  # test id -> flow, every test that ran
+        self._patch_suite()
+
+    def _patch_suite(self) -> None:
+        """Keep only the chosen flows, and seed each test from its name and ``seed`` (the
+        suite draws a random run seed outside a session: both runs must share it)."""
+        from executorch.backends.test.suite import flow as flow_module
+        from executorch.backends.test.suite import runner
+
+        every = flow_module.all_flows()
+        missing = [f for f in self.flows if f not in every]
+        if missing:
+            raise SystemExit(f"flows not available in this process: {missing}")
+        chosen = {name: every[name] for name in self.flows}
+        flow_module.all_flows = lambda: dict(chosen)
+
+        def test_seed(test_base_name: str) -> int:
+            digest = hashlib.md5(test_base_name.encode()).digest()
+            return int.from_bytes(digest, "little") % 100_000_000 + self.seed
+
+        runner._get_test_seed = test_seed
+        # XNNPACK's preprocess builds its pattern graphs from random inputs once per process
+        # (lru_cache): built here, so that the first test's local run does not draw for both.
+        try:
+            from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+            bilinear_2d.get_graphs()
+            sdpa.get_graphs()
+        except ImportError:
+            pass
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        """Replace the suite conftest's ``TestRunner`` (its ``test_runner`` fixture builds one
+        per test) by one that runs both flows."""
+        patched = False
+        for plugin in session.config.pluginmanager.get_plugins():
+            path = str(getattr(plugin, "__file__", "") or "").replace(os.sep, "/")
+            if path.endswith("backends/test/suite/conftest.py"):
+                plugin.TestRunner = self._runner_class()
+                patched = True
+        if not patched and session.items:
+            raise RuntimeError("the suite's conftest.py was not loaded: nothing to patch")
+
+    def _runner_class(self) -> type:
+        plugin = self
+
+        class TwinRunner:
+            """The suite's TestRunner, lowering every model with both flows."""
+
+            def __init__(self, flow: Any, test_name: str, test_base_name: str) -> None:
+                self._flow = flow
+                self._test_name = test_name
+                self._test_base_name = test_base_name
+                self._subtest = 0
+                self._results: list[Any] = []
+
+            def lower_and_run_model(
+                self, model: Any, inputs: Any, generate_random_test_inputs: bool = True,
+                dynamic_shapes: Any = None,
+            ) -> None:
+                comparison = plugin.compare(
+                    self._flow, self._test_name, self._test_base_name, self._subtest,
+                    model, inputs, generate_random_test_inputs, dynamic_shapes,
+                )
+                self._subtest += 1
+                if comparison.differences:
+                    raise AssertionError(
+                        f"{self._test_name}: remote differs from local: "
+                        + "; ".join(comparison.differences)
+                    )
+
+        return TwinRunner
+
+    def compare(
+        self, flow: Any, test_name: str, base_name: str, subtest: int, model: Any,
+        inputs: Any, random_inputs: bool, dynamic_shapes: Any,
+    ) -> Comparison:
+        """Run (sub)test ``subtest`` with ``flow`` and its remote twin; record the comparison."""
+        twin = dataclasses.replace(
+            flow, name=f"{flow.name}@remote",
+            tester_factory=self._twin_factory(flow),
+        )
+        local = self._run(flow, test_name, base_name, subtest, copy.deepcopy(model),
+                          copy.deepcopy(inputs), random_inputs, dynamic_shapes)
+        remote = self._run(twin, test_name, base_name, subtest, copy.deepcopy(model),
+                           copy.deepcopy(inputs), random_inputs, dynamic_shapes)
+        differences = []
+        if local.result != remote.result:
+            differences.append(f"outcome: local {local.result}, remote {remote.result}"
+                               + (f" ({remote.error[:300]})" if remote.error else ""))
+        if local.pte is not None or remote.pte is not None:
+            a, b = local.pte, remote.pte
+            if flow.backend == "coreml" and a is not None and b is not None:
+                a, b = normalize_coreml(a), normalize_coreml(b)
+            if a != b:
+                differences.append(
+                    f".pte: local {len(local.pte) if local.pte is not None else None} bytes, "
+                    f"remote {len(remote.pte) if remote.pte is not None else None} bytes, differ"
+                )
+        if local.rng_after_lowering != remote.rng_after_lowering:
+            differences.append("random generator state after lowering differs")
+        comparison = Comparison(test_name, flow.name, subtest, local, remote, differences)
+        self.comparisons.append(comparison)
+        return comparison
+
+    def _twin_factory(self, flow: Any) -> Callable[..., Any]:
+        from executorch.backends.test.harness.stages import StageType
+
+        target = self.target
+
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            tester = flow.tester_factory(*args, **kwargs)
+            make = tester.stage_classes[StageType.TO_EDGE_TRANSFORM_AND_LOWER]
+
+            def make_stage(*a: Any, **k: Any) -> Any:
+                stage = make(*a, **k)
+                stage.partitioners = [_remote_twin(p, target, flow) for p in stage.partitioners]
+                return stage
+
+            tester.stage_classes = {**tester.stage_classes,
+                                    StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
+            return tester
+
+        return factory
+
+    def _run(
+        self, flow: Any, test_name: str, base_name: str, subtest: int, model: Any,
+        inputs: Any, random_inputs: bool, dynamic_shapes: Any,
+    ) -> Lowering:
+        import torch
+        from executorch.backends.test.harness.stages import StageType
+        from executorch.backends.test.suite import runner
+
+        testers: list[Any] = []
+        rng: list[str] = []
+        make_tester = flow.tester_factory
+
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            tester = make_tester(*args, **kwargs)
+            make = tester.stage_classes[StageType.TO_EDGE_TRANSFORM_AND_LOWER]
+
+            def make_stage(*a: Any, **k: Any) -> Any:
+                stage = make(*a, **k)
+                run = stage.run
+
+                def run_and_record(*ra: Any, **rk: Any) -> Any:
+                    out = run(*ra, **rk)
+                    state = torch.get_rng_state().numpy().tobytes()
+                    rng.append(hashlib.sha256(state).hexdigest())
+                    return out
+
+                stage.run = run_and_record
+                return stage
+
+            tester.stage_classes = {**tester.stage_classes,
+                                    StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
+            testers.append(tester)
+            return tester
+
+        summary = runner.run_test(
+            model, inputs, dataclasses.replace(flow, tester_factory=factory), test_name,
+            base_name, subtest, None, dynamic_shapes=dynamic_shapes,
+            generate_random_test_inputs=random_inputs,
+        )
+        pte = None
+        if testers:
+            tester = testers[0]
+            serialized = tester.stages.get(StageType.SERIALIZE)
+            lowered = tester.stages.get(StageType.TO_EDGE_TRANSFORM_AND_LOWER)
+            try:
+                if serialized is not None and serialized.artifact is not None:
+                    pte = bytes(serialized.artifact)
+                elif lowered is not None and lowered.artifact is not None:
+                    pte = bytes(lowered.artifact.to_executorch().buffer)
+            except Exception:
+                pte = None
+        error = f"{type(summary.error).__name__}: {summary.error}" if summary.error else ""
+        return Lowering(summary.result.name, error, pte, rng[0] if rng else None)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            match = re.search(r"\[([^\]-]+)", report.nodeid)
+            self.tests[report.nodeid] = match.group(1) if match else "?"
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        write = terminalreporter.write_line
+        write("")
+        write(format_table(self.table()))
+        if self.json_path is not None:
+            self.json_path.parent.mkdir(parents=True, exist_ok=True)
+            self.json_path.write_text(json.dumps(
+                {"seed": self.seed, "flows": self.table(),
+                 "comparisons": [c.as_json() for c in self.comparisons]}, indent=1))
+            write(f"wrote {self.json_path}")
+
+    def table(self) -> dict[str, dict[str, int]]:
+        """Per flow: tests (lowerings compared), identical, differing, failing remote only
+        (the local run succeeded, the remote one did not)."""
+        rows: dict[str, dict[str, int]] = {
+            f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0}
+            for f in self.flows
+        }
+        ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
+        for c in self.comparisons:
+            row = rows[c.flow]
+            row["tests"] += 1
+            row["identical" if not c.differences else "differing"] += 1
+            if c.local.result in ok and c.remote.result not in ok:
+                row["failing_remote_only"] += 1
+        return rows
+
+
+def format_table(rows: dict[str, dict[str, int]]) -> str:
+    """The per-flow summary as a fixed-width table."""
+    header = (f"{'flow':<36}{'tests':>7}{'identical':>11}{'differing':>11}"
+              f"{'failing remote only':>21}")
+    lines = [header, "-" * len(header)]
+    for flow, r in rows.items():
+        lines.append(f"{flow:<36}{r['tests']:>7}{r['identical']:>11}{r['differing']:>11}"
+                     f"{r['failing_remote_only']:>21}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@contextmanager
+def serve(startup_seconds: float = 240) -> Iterator[str]:
+    """``remote-partitioner serve`` on a free loopback port; yields its target."""
+    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=log, text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + startup_seconds
+        line = proc.stdout.readline()
+        match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
+        if match is None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flows", nargs="*", default=list(HOSTED_FLOWS), choices=HOSTED_FLOWS)
+    parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression on test names")
+    parser.add_argument("--seed", type=int, default=0, help="the run seed (default 0)")
+    parser.add_argument("--server", help="an existing server's target; else one is started")
+    parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = parser.parse_args(argv)
+
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import pytest
+    from executorch.backends.test import suite
+
+    root = Path(suite.__file__).parent
+    pytest_args = [str(root / s) for s in args.suite]
+    pytest_args += ["-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(root),
+                    "-q", "-rf", "-W", "ignore", "--tb=line"]
+    if args.keyword:
+        pytest_args += ["-k", args.keyword]
+    pytest_args += args.pytest_args
+
+    def run(target: str) -> int:
+        plugin = ConformancePlugin(target, args.flows, args.seed, args.json)
+        code = pytest.main(pytest_args, plugins=[plugin])
+        rows = plugin.table()
+        if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):
+            return int(code) or 5
+        return 0 if all(r["differing"] == 0 for r in rows.values()) else 1
+
+    if args.server:
+        return run(args.server)
+    with serve() as target:
+        print(f"conformance: server at {target}", flush=True)
+        return run(target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

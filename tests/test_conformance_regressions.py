@@ -1,0 +1,204 @@
+"""Regressions found by running ExecuTorch's backend conformance suite with remote twin flows
+(``scripts/conformance.py``), one test per class of bug:
+
+* node names of multi-output nodes: exir's deserializer names a node that returns several
+  values (``split_with_sizes_copy``, a delegate call with several outputs) by FX's counter in
+  reading order, not by the name the JSON records, so two such nodes of one operator swapped
+  names on the server (``test_lstm.py::test_lstm_bidirectional``: "Argument 'getitem_117' of
+  Node 'aten_split_with_sizes_copy_default_10' was used before it has been defined!");
+* the random generator: a hook that draws from torch's global generator must leave the caller's
+  process in the state the local hook would have (the state crosses with the call and back).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+from conftest import _serve  # (tests/ is on sys.path, as for certs.py)
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from torch.export import ExportedProgram, export
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.proto import codec
+
+
+class _BiLSTM(torch.nn.Module):
+    """The model of the suite's ``test_lstm_bidirectional``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(64, 32, batch_first=True, bidirectional=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]
+
+
+def _bilstm() -> ExportedProgram:
+    torch.manual_seed(0)
+    return export(_BiLSTM().eval(), (torch.randn(1, 10, 64),), strict=True)
+
+
+def test_multi_output_node_names_survive_edge_round_trip() -> None:
+    """Every program ``to_edge_transform_and_lower`` hands ``ops_to_not_decompose`` (the last
+    ones hold delegates whose outputs feed several ``split_with_sizes_copy`` nodes) decodes
+    with the client's node names, the multi-output nodes included."""
+    seen: list[ExportedProgram] = []
+
+    class Recording(XnnpackPartitioner):  # type: ignore[misc]
+        def ops_to_not_decompose(self, ep: ExportedProgram) -> object:
+            seen.append(ep)
+            return super().ops_to_not_decompose(ep)
+
+    to_edge_transform_and_lower(_bilstm(), partitioner=[Recording()])
+    edge_with_delegates = [
+        ep for ep in seen
+        if any("executorch_call_delegate" in str(n.target) for n in ep.graph.nodes)
+    ]
+    assert edge_with_delegates, "no Edge program with delegates was seen"
+    for ep in seen:
+        encoded = codec.encode_program(ep)
+        blobs = dict(encoded.blobs)
+        decoded = codec.decode_program(encoded.message, lambda d, b=blobs: b[d.hash])
+        split = [n.name for n in ep.graph.nodes if "split_with_sizes" in str(n.target)]
+        assert [n.name for n in decoded.graph.nodes if "split_with_sizes" in str(n.target)] == split
+        for name in split:
+            original = next(n for n in ep.graph.nodes if n.name == name)
+            rebuilt = next(n for n in decoded.graph.nodes if n.name == name)
+            # The same node: it reads the value of the same name.
+            assert [a.name for a in rebuilt.all_input_nodes] == [
+                a.name for a in original.all_input_nodes
+            ]
+
+
+@pytest.mark.slow
+def test_bidirectional_lstm_lowers_identically(server_address: str) -> None:
+    ep = _bilstm()
+    local = to_edge_transform_and_lower(
+        copy.deepcopy(ep), partitioner=[XnnpackPartitioner()]
+    ).to_executorch().buffer
+    remote = to_edge_transform_and_lower(
+        ep, partitioner=[RemotePartitioner(server_address, "xnnpack")]
+    ).to_executorch().buffer
+    assert remote == local
+
+
+# --- the random generator ------------------------------------------------------------------
+
+_PLUGIN = '''
+"""A hosted XNNPACK partitioner whose hooks draw from torch's global generator."""
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+from remote_partitioner.server.registry import HostedPartitioner
+
+
+class DrawingXnnpackPartitioner(XnnpackPartitioner):
+    def ops_to_not_decompose(self, ep):
+        torch.rand(3)
+        ops, check = super().ops_to_not_decompose(ep)
+        return ops, check
+
+    def partition(self, ep):
+        torch.randn(5)
+        return super().partition(ep)
+
+
+PLUGIN = HostedPartitioner(
+    "xnnpack_drawing", "XnnpackBackend", {}, lambda spec: DrawingXnnpackPartitioner(),
+    DrawingXnnpackPartitioner, "XNNPACK, drawing random numbers in its hooks",
+)
+'''
+
+
+@pytest.fixture(scope="module")
+def drawing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, type]]:
+    """A server hosting ``xnnpack_drawing`` (an entry-point plugin from a temporary
+    distribution), and the plugin's partitioner class for the local lowering."""
+    root = tmp_path_factory.mktemp("rng_plugin")
+    (root / "rp_rng_plugin.py").write_text(textwrap.dedent(_PLUGIN))
+    dist = root / "rp_rng_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rp-rng-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[remote_partitioner.partitioners]\nxnnpack_drawing = rp_rng_plugin:PLUGIN\n"
+    )
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
+    sys.path.insert(0, str(root))
+    try:
+        import rp_rng_plugin  # type: ignore[import-not-found]
+
+        with _serve(tmp_path_factory) as (_, target):
+            yield target, rp_rng_plugin.DrawingXnnpackPartitioner
+    finally:
+        sys.path.remove(str(root))
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _linear() -> ExportedProgram:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    return export(model, (torch.randn(2, 8),), strict=True)
+
+
+def test_remote_hooks_leave_the_generator_as_local_ones(
+    drawing_server: tuple[str, type],
+) -> None:
+    """Seed, lower, draw: the same numbers with the remote partitioner as with the local one,
+    whose hooks draw; and the same ``.pte``."""
+    target, drawing = drawing_server
+    ep = _linear()
+    # Once, so that what the first lowering in a process draws (preprocess's lazily built
+    # patterns) is behind both measured lowerings.
+    to_edge_transform_and_lower(copy.deepcopy(ep), partitioner=[XnnpackPartitioner()])
+
+    torch.manual_seed(1234)
+    local_pte = to_edge_transform_and_lower(
+        copy.deepcopy(ep), partitioner=[drawing()]
+    ).to_executorch().buffer
+    local_next = torch.randn(4)
+
+    torch.manual_seed(1234)
+    plain = to_edge_transform_and_lower(copy.deepcopy(ep), partitioner=[XnnpackPartitioner()])
+    plain.to_executorch()
+    undrawn_next = torch.randn(4)
+    assert not torch.equal(local_next, undrawn_next), "the plugin's hooks draw nothing"
+
+    remote = RemotePartitioner(target, "xnnpack_drawing")
+    torch.manual_seed(1234)
+    remote_pte = to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer
+    remote_next = torch.randn(4)
+    assert remote_pte == local_pte
+    assert torch.equal(remote_next, local_next)
+
+
+def test_server_refuses_a_malformed_generator_state(drawing_server: tuple[str, type]) -> None:
+    import grpc
+
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+    target, _ = drawing_server
+    encoded = codec.encode_program(_linear())
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.OpsToNotDecompose(
+                pb.OpsToNotDecomposeRequest(
+                    partitioner=pb.PartitionerRef(name="xnnpack"),
+                    program=encoded.message, rng_state=b"\0" * 10,
+                ),
+                timeout=60,
+            )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "rng_state" in (info.value.details() or "")
