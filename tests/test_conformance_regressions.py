@@ -45,6 +45,7 @@ def _bilstm() -> ExportedProgram:
     return export(_BiLSTM().eval(), (torch.randn(1, 10, 64),), strict=True)
 
 
+@pytest.mark.slow
 def test_multi_output_node_names_survive_edge_round_trip() -> None:
     """Every program ``to_edge_transform_and_lower`` hands ``ops_to_not_decompose`` (the last
     ones hold delegates whose outputs feed several ``split_with_sizes_copy`` nodes) decodes
