@@ -28,6 +28,10 @@ from torch.export import ExportedProgram, export
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
 
+#: Each test lowers a model or starts a server of its own: `make test` runs them, `make
+#: test-fast` does not.
+pytestmark = pytest.mark.slow
+
 
 class _BiLSTM(torch.nn.Module):
     """The model of the suite's ``test_lstm_bidirectional``."""
@@ -45,7 +49,6 @@ def _bilstm() -> ExportedProgram:
     return export(_BiLSTM().eval(), (torch.randn(1, 10, 64),), strict=True)
 
 
-@pytest.mark.slow
 def test_multi_output_node_names_survive_edge_round_trip() -> None:
     """Every program ``to_edge_transform_and_lower`` hands ``ops_to_not_decompose`` (the last
     ones hold delegates whose outputs feed several ``split_with_sizes_copy`` nodes) decodes

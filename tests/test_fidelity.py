@@ -27,7 +27,7 @@ EXAMPLE_MODELS = [
     "mobilenet_v1_025", "resnet8", "sdpa",
 ]
 #: The example models `make test-fast` lowers (a few seconds each); the rest are `slow`.
-FAST_MODELS = ("linear", "add_mul", "softmax", "conv1d")
+FAST_MODELS = ("linear", "add_mul")
 slow = pytest.mark.slow
 
 
@@ -153,6 +153,7 @@ class _Scale(torch.nn.Module):
         return torch.sigmoid(x * self.scale) + y
 
 
+@pytest.mark.slow
 def test_multi_method_dynamic_shapes(xnnpack: RemotePartitioner) -> None:
     batch = Dim("batch", min=1, max=32)
     torch.manual_seed(0)
@@ -210,6 +211,7 @@ class _Tied(torch.nn.Module):
         return self.head(torch.tanh(self.embed(tokens)))
 
 
+@pytest.mark.slow
 def test_tied_weights(xnnpack: RemotePartitioner) -> None:
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 5))
@@ -245,6 +247,7 @@ def _with_constant(ep: ExportedProgram, name: str, t: torch.Tensor) -> ExportedP
     return ep
 
 
+@pytest.mark.slow
 def test_to_backend_path(xnnpack: RemotePartitioner) -> None:
     ep, inputs = example("ds_cnn")
     local = to_edge(copy.deepcopy(ep)).to_backend(XnnpackPartitioner()).to_executorch().buffer

@@ -103,6 +103,7 @@ def test_slow_readers_leave_health_and_partitioning_prompt(
         assert stalled.done() == 0  # slow, not idle for 30 s: still open
 
 
+@pytest.mark.slow
 @pytest.mark.server_args("--max-inflight-bytes", str(12 * MIB), "--stream-idle-seconds", "2")
 def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
     blob = b"\1" * (10 * MIB)

@@ -88,6 +88,7 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_lower_partition_list(server_address: str, archive: bytes, tmp_path: Path) -> None:
     model = tmp_path / "model.pt2"
     model.write_bytes(archive)

@@ -237,6 +237,7 @@ def _slow_program() -> ExportedProgram:
     return get_fake_program(edge.exported_program())
 
 
+@pytest.mark.slow
 def test_overload_is_refused_with_retry_info_and_the_client_retries() -> None:
     s = Server(Limits(max_concurrent_hooks=1, retry_after_seconds=0.2))
     try:

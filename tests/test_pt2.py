@@ -157,12 +157,18 @@ def _same_program(got: ExportedProgram, ref: ExportedProgram) -> None:
     assert got.example_inputs is None
 
 
+#: Round trips `make test-fast` leaves out (a few seconds each; `make test` runs them).
+SLOW_MODELS = ("cond", "dynamic", "buffers")
+
+
 def _lowered(ep: ExportedProgram) -> bytes:
     manager = to_edge_transform_and_lower(copy.deepcopy(ep), partitioner=[XnnpackPartitioner()])
     return bytes(manager.to_executorch().buffer)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.slow if m in SLOW_MODELS else ()) for m in MODELS]
+)
 def test_round_trip_matches_torch_export_load(archives: dict[str, bytes], name: str) -> None:
     data = archives[name]
     programs = read_pt2(data)
