@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -19,6 +20,19 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 STARTUP_SECONDS = 180
+
+
+def modules_loaded_by(code: str, roots: set[str], timeout: float = 120) -> list[str]:
+    """The modules under ``roots`` (top-level package names) that a fresh interpreter has
+    loaded after running ``code``, sorted: what importing something light drags in."""
+    probe = (
+        f"{code}\nimport json, sys\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(roots)!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=timeout)
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
 
 
 def wait_serving(target: str, deadline: float) -> None:

@@ -3,11 +3,11 @@ commands, parses ``serve`` as the server's own entry point does, and starts ligh
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
+from conftest import modules_loaded_by
 
 from remote_partitioner import cli
 from remote_partitioner.client import cli as client_cli
@@ -49,16 +49,10 @@ def test_unsafe_serve_is_refused_before_anything_starts(
 
 
 def test_starting_it_imports_neither_torch_nor_executorch() -> None:
-    code = (
-        "import json, sys\n"
-        "import remote_partitioner.cli as c\n"
-        "c.build_parser()\n"
-        "print(json.dumps(sorted(m for m in sys.modules "
-        "if m.split('.')[0] in {'torch', 'executorch'})))\n"
+    loaded = modules_loaded_by(
+        "import remote_partitioner.cli as c\nc.build_parser()", {"torch", "executorch"}
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    assert json.loads(out.stdout) == []
+    assert loaded == []
 
 
 def test_python_dash_m_runs_it() -> None:

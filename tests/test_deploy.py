@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 from certs import Certs, make_certs
+from conftest import modules_loaded_by
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from remote_partitioner.server import probe
@@ -106,12 +107,7 @@ def test_probe_module_runs_without_torch(inproc_server: tuple[object, str]) -> N
     )
     assert done.returncode == 0, done.stderr
     assert "SERVING" in done.stdout
-    done = subprocess.run(
-        [sys.executable, "-c", f"import sys, {PROBE}; "
-         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch')))"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )
-    assert done.stdout.strip() == "[]"
+    assert modules_loaded_by(f"import {PROBE}", {"torch", "executorch"}, timeout=60) == []
 
 
 def test_probe_fails_on_a_closed_port(capsys: pytest.CaptureFixture[str]) -> None:

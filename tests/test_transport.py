@@ -3,12 +3,10 @@ the generated code, both sides use the one copy, and importing them stays light.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import modules_loaded_by
 
 from remote_partitioner.proto import transport
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
@@ -77,12 +75,8 @@ def test_pem_checks(tmp_path: Path) -> None:
 def test_importing_it_stays_light() -> None:
     """Neither grpc, protobuf, torch nor ExecuTorch is imported with it (the probe and the
     command line read it first; the registry must stay free of gRPC code)."""
-    code = (
-        "import json, sys\n"
-        "import remote_partitioner.proto.transport\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'grpc', 'google', 'torch', 'executorch'})))\n"
+    loaded = modules_loaded_by(
+        "import remote_partitioner.proto.transport", {"grpc", "google", "torch", "executorch"},
+        timeout=60,
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60)
-    assert json.loads(out.stdout) == []
+    assert loaded == []
