@@ -112,6 +112,10 @@ class Lowering:
     error: str
     pte: bytes | None
     rng_after_lowering: str | None
+    #: wall time of the whole (sub)test: export, lowering, running the program, comparing
+    seconds: float = 0.0
+    #: of which lowering (the suite's own measure)
+    lower_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -131,6 +135,7 @@ class Comparison:
                 "result": x.result, "error": x.error[:500],
                 "pte_sha256": hashlib.sha256(x.pte).hexdigest() if x.pte is not None else None,
                 "pte_bytes": len(x.pte) if x.pte is not None else None,
+                "seconds": round(x.seconds, 3), "lower_seconds": round(x.lower_seconds, 3),
             }
 
         return {"test": self.test, "flow": self.flow, "subtest": self.subtest,
@@ -148,6 +153,12 @@ class ConformancePlugin:
         self.json_path = json_path
         self.comparisons: list[Comparison] = []
         self.tests: dict[str, str] = {}  # test id -> flow, every test that ran
+        #: test modules that could not be imported (a model suite whose package, torchvision or
+        #: torchaudio, is not installed): file -> the error's last line.
+        self.not_collected: dict[str, str] = {}
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.with_suffix(".jsonl").write_text("")
         self._patch_suite()
 
     def _patch_suite(self) -> None:
@@ -250,6 +261,11 @@ class ConformancePlugin:
             differences.append("random generator state after lowering differs")
         comparison = Comparison(test_name, flow.name, subtest, local, remote, differences)
         self.comparisons.append(comparison)
+        if self.json_path is not None:
+            # One line per comparison as it happens: a long run can be followed, and what ran
+            # before an interruption is kept.
+            with self.json_path.with_suffix(".jsonl").open("a") as log:
+                log.write(json.dumps(comparison.as_json()) + "\n")
         return comparison
 
     def _twin_factory(self, flow: Any) -> Callable[..., Any]:
@@ -306,11 +322,13 @@ class ConformancePlugin:
             testers.append(tester)
             return tester
 
+        start = time.perf_counter()
         summary = runner.run_test(
             model, inputs, dataclasses.replace(flow, tester_factory=factory), test_name,
             base_name, subtest, None, dynamic_shapes=dynamic_shapes,
             generate_random_test_inputs=random_inputs,
         )
+        seconds = time.perf_counter() - start
         pte = None
         if testers:
             tester = testers[0]
@@ -324,29 +342,39 @@ class ConformancePlugin:
             except Exception:
                 pte = None
         error = f"{type(summary.error).__name__}: {summary.error}" if summary.error else ""
-        return Lowering(summary.result.name, error, pte, rng[0] if rng else None)
+        lower = summary.lower_time.total_seconds() if summary.lower_time else 0.0
+        return Lowering(summary.result.name, error, pte, rng[0] if rng else None, seconds, lower)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and report.skipped):
             match = re.search(r"\[([^\]-]+)", report.nodeid)
             self.tests[report.nodeid] = match.group(1) if match else "?"
 
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            lines = str(report.longrepr).strip().splitlines()
+            self.not_collected[report.nodeid] = lines[-1].lstrip("E ").strip() if lines else "?"
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         write = terminalreporter.write_line
         write("")
         write(format_table(self.table()))
+        for module, error in sorted(self.not_collected.items()):
+            write(f"not run: {module}: {error}")
         if self.json_path is not None:
             self.json_path.parent.mkdir(parents=True, exist_ok=True)
             self.json_path.write_text(json.dumps(
-                {"seed": self.seed, "flows": self.table(),
+                {"seed": self.seed, "flows": self.table(), "not_collected": self.not_collected,
                  "comparisons": [c.as_json() for c in self.comparisons]}, indent=1))
             write(f"wrote {self.json_path}")
 
-    def table(self) -> dict[str, dict[str, int]]:
+    def table(self) -> dict[str, dict[str, float]]:
         """Per flow: tests (lowerings compared), identical, differing, failing remote only
-        (the local run succeeded, the remote one did not)."""
-        rows: dict[str, dict[str, int]] = {
-            f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0}
+        (the local run succeeded, the remote one did not), and the seconds spent lowering
+        locally and remotely."""
+        rows: dict[str, dict[str, float]] = {
+            f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0,
+                "local_lower_seconds": 0.0, "remote_lower_seconds": 0.0}
             for f in self.flows
         }
         ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
@@ -356,17 +384,20 @@ class ConformancePlugin:
             row["identical" if not c.differences else "differing"] += 1
             if c.local.result in ok and c.remote.result not in ok:
                 row["failing_remote_only"] += 1
+            row["local_lower_seconds"] += c.local.lower_seconds
+            row["remote_lower_seconds"] += c.remote.lower_seconds
         return rows
 
 
-def format_table(rows: dict[str, dict[str, int]]) -> str:
+def format_table(rows: dict[str, dict[str, float]]) -> str:
     """The per-flow summary as a fixed-width table."""
     header = (f"{'flow':<36}{'tests':>7}{'identical':>11}{'differing':>11}"
-              f"{'failing remote only':>21}")
+              f"{'failing remote only':>21}{'lowering s local/remote':>25}")
     lines = [header, "-" * len(header)]
     for flow, r in rows.items():
-        lines.append(f"{flow:<36}{r['tests']:>7}{r['identical']:>11}{r['differing']:>11}"
-                     f"{r['failing_remote_only']:>21}")
+        times = f"{r['local_lower_seconds']:.0f}/{r['remote_lower_seconds']:.0f}"
+        lines.append(f"{flow:<36}{r['tests']:>7.0f}{r['identical']:>11.0f}"
+                     f"{r['differing']:>11.0f}{r['failing_remote_only']:>21.0f}{times:>25}")
     return "\n".join(lines)
 
 
@@ -420,7 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(suite.__file__).parent
     pytest_args = [str(root / s) for s in args.suite]
     pytest_args += ["-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(root),
-                    "-q", "-rf", "-W", "ignore", "--tb=line"]
+                    "-q", "-rf", "-W", "ignore", "--tb=line",
+                    # The model suites import torchvision / torchaudio, which need not be
+                    # installed: such a module is listed under "not run", the rest runs.
+                    "--continue-on-collection-errors"]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     pytest_args += args.pytest_args
