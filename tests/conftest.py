@@ -8,9 +8,11 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -48,6 +50,31 @@ def wait_serving(target: str, deadline: float) -> None:
                 pass
             time.sleep(0.2)
     raise TimeoutError(f"server at {target} did not report SERVING in time")
+
+
+@contextlib.contextmanager
+def plugin_distribution(root: Path, module: str, source: str, entry_point: str) -> Iterator[None]:
+    """Install, for this process and the servers it starts, a one-module distribution that
+    registers ``entry_point`` ("name = module:ATTR") in the partitioner plugin group: the
+    same path a third-party partitioner package takes. ``source`` is the module's code."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    dist = root / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    name = module.replace("_", "-")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[remote_partitioner.partitioners]\n{entry_point}\n")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop(module, None)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 @contextlib.contextmanager

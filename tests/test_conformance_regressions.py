@@ -13,14 +13,11 @@
 from __future__ import annotations
 
 import copy
-import os
-import sys
-import textwrap
 from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import _serve  # (tests/ is on sys.path, as for certs.py)
+from conftest import _serve, plugin_distribution  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from torch.export import ExportedProgram, export
@@ -126,27 +123,12 @@ def drawing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     """A server hosting ``xnnpack_drawing`` (an entry-point plugin from a temporary
     distribution), and the plugin's partitioner class for the local lowering."""
     root = tmp_path_factory.mktemp("rng_plugin")
-    (root / "rp_rng_plugin.py").write_text(textwrap.dedent(_PLUGIN))
-    dist = root / "rp_rng_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rp-rng-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[remote_partitioner.partitioners]\nxnnpack_drawing = rp_rng_plugin:PLUGIN\n"
-    )
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
-    sys.path.insert(0, str(root))
-    try:
+    entry_point = "xnnpack_drawing = rp_rng_plugin:PLUGIN"
+    with plugin_distribution(root, "rp_rng_plugin", _PLUGIN, entry_point):
         import rp_rng_plugin  # type: ignore[import-not-found]
 
         with _serve(tmp_path_factory) as (_, target):
             yield target, rp_rng_plugin.DrawingXnnpackPartitioner
-    finally:
-        sys.path.remove(str(root))
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 def _linear() -> ExportedProgram:

@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import wait_serving  # (tests/ is on sys.path, as for certs.py)
+from conftest import plugin_distribution, wait_serving  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge
 from executorch.exir.backend.partitioner import PartitionResult
@@ -114,24 +114,52 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the ")" closing the command name: state is field 3, utime 14 and stime 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+_HELD_PLUGIN = '''
+"""XNNPACK's partitioner, held at the start of partition() until the test releases it."""
+import os
+import time
+from pathlib import Path
+
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+from remote_partitioner.server.registry import HostedPartitioner
+
+
+class HeldXnnpackPartitioner(XnnpackPartitioner):
+    def partition(self, ep):
+        hold = Path(os.environ["RP_TEST_HOLD_DIR"])
+        (hold / "started").touch()
+        deadline = time.monotonic() + 120
+        while not (hold / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return super().partition(ep)
+
+
+PLUGIN = HostedPartitioner(
+    "xnnpack_held", "XnnpackBackend", {}, lambda spec: HeldXnnpackPartitioner(),
+    HeldXnnpackPartitioner, "XNNPACK, each partition() held until a file appears",
+)
+'''
 
 
 @pytest.fixture()
-def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    """``remote-partitioner serve --grace 30`` in its own process: (process, target, log)."""
+def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path, Path]]:
+    """``remote-partitioner serve --grace 30`` in its own process, hosting ``xnnpack_held``
+    (XNNPACK's partitioner, whose partition() waits for ``HOLD/release`` after touching
+    ``HOLD/started``): (process, target, log, HOLD)."""
     log_path = tmp_path / "server.log"
-    with log_path.open("w") as log:
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    plugin_root = tmp_path / "plugin"
+    plugin_root.mkdir()
+    with plugin_distribution(plugin_root, "rp_held_plugin", _HELD_PLUGIN,
+                             "xnnpack_held = rp_held_plugin:PLUGIN"), log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "remote_partitioner.cli", "serve",
              "--address", "127.0.0.1:0", "--grace", str(GRACE_S),
              "--result-cache-bytes", "0"],  # the call in flight must really run
             stdout=subprocess.PIPE, stderr=log, text=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            env={**os.environ, "PYTHONWARNINGS": "ignore", "RP_TEST_HOLD_DIR": str(hold)},
         )
     try:
         assert proc.stdout is not None
@@ -140,8 +168,9 @@ def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
         assert match is not None, f"server did not start: {line!r}\n{log_path.read_text()[-4000:]}"
         target = match.group(1)
         wait_serving(target, time.monotonic() + STARTUP_S)
-        yield proc, target, log_path
+        yield proc, target, log_path, hold
     finally:
+        (hold / "release").touch()
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=60)
@@ -275,30 +304,14 @@ def mobilenet() -> tuple[ExportedProgram, Answer]:
 
 @pytest.mark.timeout(600)
 def test_shutdown_finishes_the_call_in_flight(
-    graceful_server: tuple[subprocess.Popen[str], str, Path],
+    graceful_server: tuple[subprocess.Popen[str], str, Path, Path],
     mobilenet: tuple[ExportedProgram, Answer],
     record_property: Callable[[str, Any], None],
 ) -> None:
-    proc, target, log_path = graceful_server
+    proc, target, log_path, hold = graceful_server
     edge, expected = mobilenet
-    partitioner = RemotePartitioner(target, "xnnpack")
+    partitioner = RemotePartitioner(target, "xnnpack_held")
     try:
-        # A first call: uploads the blobs, and shows the call is slow enough to be caught.
-        t0 = time.monotonic()
-        assert answer_of(partitioner.partition(get_fake_program(edge))) == expected
-        first_call_s = time.monotonic() - t0
-        assert first_call_s > 0.5, f"the call took {first_call_s:.2f} s: too fast to catch"
-
-        # The Partition RPC of the second call, marked when the client sends it.
-        stub = partitioner.stub
-        send_partition = stub.Partition
-        sent = threading.Event()
-
-        def partition_rpc(request: pb.PartitionRequest, **kwargs: Any) -> Any:
-            sent.set()
-            return send_partition(request, **kwargs)
-
-        stub.Partition = partition_rpc  # type: ignore[method-assign]
         outcome: dict[str, Any] = {}
 
         def call() -> None:
@@ -308,15 +321,15 @@ def test_shutdown_finishes_the_call_in_flight(
                 outcome["error"] = e
             outcome["finished"] = time.monotonic()
 
-        cpu_before = cpu_seconds(proc.pid)
         caller = threading.Thread(target=call, name="in-flight", daemon=True)
         caller.start()
-        assert sent.wait(60), "the client never sent the Partition RPC"
-        # In flight: the server is working on it (its CPU time moves), and it has not answered.
+        # In flight: the hosted partition() has started and waits for the release file, so the
+        # call cannot finish before SIGTERM, however fast this machine is.
         polled = time.monotonic()
-        while cpu_seconds(proc.pid) - cpu_before < 0.15 and time.monotonic() - polled < 2:
+        while not (hold / "started").exists() and time.monotonic() - polled < 120:
+            assert caller.is_alive(), f"the call ended before partition() ran: {outcome}"
             time.sleep(0.02)
-        assert caller.is_alive(), "the call finished before SIGTERM could be sent"
+        assert (hold / "started").exists(), "the hosted partition() never started"
         proc.send_signal(signal.SIGTERM)
         sigterm = time.monotonic()
 
@@ -338,6 +351,9 @@ def test_shutdown_finishes_the_call_in_flight(
         assert isinstance(new_call, grpc.Call), "new calls were still accepted 5 s after SIGTERM"
         assert new_call.code() is grpc.StatusCode.UNAVAILABLE, (new_call.code(),
                                                                 new_call.details())
+        assert in_flight_at_new_call, "the call in flight ended before new calls were refused"
+
+        (hold / "release").touch()
 
         caller.join(GRACE_S + 30)
         assert not caller.is_alive(), "the call in flight never finished"
@@ -350,8 +366,8 @@ def test_shutdown_finishes_the_call_in_flight(
             pytest.fail(f"the server did not exit within {GRACE_S} s of SIGTERM")
         exited = time.monotonic() - sigterm
         summary = (
-            f"first call {first_call_s:.2f} s; SIGTERM {sigterm - polled:.2f} s after the RPC was "
-            f"seen in flight; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM"
+            f"SIGTERM {sigterm - polled:.2f} s after the call was sent"
+            f"; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM"
             f"; a new call {refused_after:.2f} s after SIGTERM ({accepted} accepted before it) "
             f"was {new_call.code().name}, the call still in flight then: {in_flight_at_new_call}"
             f"; server exited {returncode} after {exited:.2f} s"
