@@ -1,0 +1,110 @@
+#!/usr/bin/env node
+// Open a delegation report page (a file:// HTML written by `remote-partitioner ... --report`) in
+// headless Chromium through playwright-core, and print what it rendered as JSON on stdout:
+// console errors and page errors, every request the page tried (there must be none), the time
+// until the page said it was ready, the page's text, the drawn nodes with their fill colour,
+// the legend's colours, and (with --expand) what clicking the first collapsed module did.
+//
+//   node tools/report-page.mjs PAGE.html [--screenshot OUT.png] [--expand] [--timeout MS]
+//
+// Chromium: $CHROMIUM, else /usr/bin/chromium (Debian's package). Exit 0 when the page was
+// read (the caller judges it), 1 when it could not be.
+
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { pathToFileURL } from 'node:url';
+
+import { chromium } from 'playwright-core';
+
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    screenshot: { type: 'string' },
+    expand: { type: 'boolean' },
+    timeout: { type: 'string', default: '60000' },
+  },
+});
+if (positionals.length !== 1) {
+  process.stderr.write('usage: report-page.mjs PAGE.html [--screenshot OUT.png] [--expand]\n');
+  process.exit(2);
+}
+const pageUrl = pathToFileURL(path.resolve(positionals[0])).href;
+const timeout = Number(values.timeout);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking',
+    '--disable-component-update'],
+});
+const out = { console_errors: [], page_errors: [], requests: [] };
+try {
+  const context = await browser.newContext({ viewport: { width: 1500, height: 1000 } });
+  // Every request but the page itself is recorded and refused: the page must need none.
+  await context.route('**/*', (route) => {
+    const url = route.request().url();
+    if (url === pageUrl) return route.continue();
+    out.requests.push(url);
+    return route.abort();
+  });
+  const page = await context.newPage();
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') out.console_errors.push(msg.text());
+  });
+  page.on('pageerror', (e) => out.page_errors.push(String(e && e.stack ? e.stack : e)));
+  page.on('requestfailed', (r) => {
+    if (r.url() !== pageUrl && !out.requests.includes(r.url())) out.requests.push(r.url());
+  });
+  const started = Date.now();
+  await page.goto(pageUrl, { waitUntil: 'load', timeout });
+  await page.waitForFunction(() => window.__report && window.__report.ready, null, { timeout });
+  out.wall_ms = Date.now() - started;
+  out.render_ms = await page.evaluate(() => window.__report.renderMs);
+  out.title = await page.title();
+  out.text = await page.evaluate(() => document.body.innerText);
+  const snapshot = () => page.evaluate(() => ({
+    visible: [...document.querySelectorAll('[data-graph]')].map((g) => Number(g.dataset.visible || 0)),
+    nodes: [...document.querySelectorAll('[data-node]')].map((g) => ({
+      name: g.dataset.node,
+      backend: g.dataset.backend || null,
+      partition: g.dataset.partition || null,
+      cpu: g.dataset.cpu === 'true',
+      fill: getComputedStyle(g.querySelector('rect')).fill,
+    })),
+    clusters: [...document.querySelectorAll('[data-cluster]:not([data-open])')].map((g) => ({
+      path: g.dataset.cluster, size: Number(g.dataset.size),
+    })),
+  }));
+  Object.assign(out, await snapshot());
+  out.legend = await page.evaluate(() => Object.fromEntries(
+    [...document.querySelectorAll('[data-legend-backend]')].map((s) => [
+      s.dataset.legendBackend, getComputedStyle(s).backgroundColor])));
+  if (values.screenshot) await page.screenshot({ path: values.screenshot });
+  if (values.expand && out.clusters.length > 0) {
+    const target = out.clusters.reduce((a, b) => (b.size > a.size ? b : a));
+    const renders = await page.evaluate(() => window.__report.renders);
+    const t0 = Date.now();
+    await page.click(`[data-cluster="${target.path}"]:not([data-open]) rect.box`);
+    await page.waitForFunction((n) => window.__report.renders > n, renders, { timeout });
+    const after = await snapshot();
+    out.expanded = {
+      path: target.path,
+      ms: Date.now() - t0,
+      visible_before: out.visible,
+      visible_after: after.visible,
+      nodes_after: after.nodes.length,
+      still_collapsed: after.clusters.map((c) => c.path).includes(target.path),
+    };
+    // Click a drawn node of the module just opened: its details must show.
+    const inside = after.nodes.find((n) => n.cpu) || after.nodes[0];
+    if (inside) {
+      await page.click(`[data-node="${inside.name}"]`);
+      out.expanded.details = await page.evaluate(() => document.getElementById('details').innerText);
+    }
+    if (values.screenshot) {
+      await page.screenshot({ path: values.screenshot.replace(/\.png$/, '') + '-expanded.png' });
+    }
+  }
+} finally {
+  await browser.close();
+}
+process.stdout.write(`${JSON.stringify(out)}\n`);

@@ -1,0 +1,216 @@
+"""The delegation report page (client/report.py): one self-contained HTML file, checked in a real
+browser. Debian's Chromium, driven headless by playwright-core through
+``client/node/tools/report-page.mjs``, opens the file:// page; the tests assert on what it
+rendered: the CPU nodes and their reasons, every partition in its backend's colour, no console
+error, no request of any kind. The reports come from real lowerings (tests/report_inputs.py);
+the screenshots are left in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remote_partitioner.client.report import backend_colour, render_html, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "client" / "node"
+TOOL = NODE_DIR / "tools" / "report-page.mjs"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _rgb(hex_colour: str) -> str:
+    """``#rrggbb`` as the browser's computed style writes it."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+@pytest.fixture(scope="module")
+def browser() -> None:
+    """Chromium and playwright-core are there; skipped only outside CI (in CI they must be)."""
+    missing = []
+    if not Path(CHROMIUM).exists():
+        missing.append(f"{CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    if shutil.which("node") is None:
+        missing.append("node")
+    if not (NODE_DIR / "node_modules" / "playwright-core").is_dir():
+        missing.append("client/node/node_modules/playwright-core (make node-client)")
+    if missing:
+        if IN_CI:
+            pytest.fail(f"CI=true but missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+
+
+def open_page(page: Path, shots: Path, *, expand: bool = False) -> dict[str, Any]:
+    """Open ``page`` in headless Chromium; what it rendered (see report-page.mjs)."""
+    args = ["node", str(TOOL), str(page), "--screenshot", str(shots)]
+    if expand:
+        args.append("--expand")
+    done = subprocess.run(args, cwd=NODE_DIR, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return seen
+
+
+def assert_clean(seen: dict[str, Any]) -> None:
+    assert seen["console_errors"] == []
+    assert seen["page_errors"] == []
+    assert seen["requests"] == [], "the page must fetch nothing"
+
+
+def assert_colours(seen: dict[str, Any], report: dict[str, Any]) -> None:
+    """Every delegated node is drawn in its backend's colour, the legend's too; CPU nodes are
+    marked as such and drawn in no backend's colour."""
+    backends = {d["backend_id"] for m in report["methods"] for d in m.get("delegated", [])}
+    assert backends and set(seen["legend"]) == backends
+    for b in backends:
+        assert seen["legend"][b] == _rgb(backend_colour(b))
+    delegated = [n for n in seen["nodes"] if n["backend"]]
+    assert delegated
+    for n in delegated:
+        assert n["fill"] == _rgb(backend_colour(n["backend"])), n
+        assert n["partition"], n
+    by_name = {n["name"]: n for m in report["methods"] for n in m.get("nodes", [])}
+    colours = {_rgb(backend_colour(b)) for b in backends}
+    for n in seen["nodes"]:
+        assert bool(n["backend"]) == bool(by_name[n["name"]].get("backend_id")), n
+        if n["cpu"]:
+            assert n["fill"] not in colours and not by_name[n["name"]].get("backend_id")
+
+
+# ----------------------------------------------------------------------------- the file itself
+
+
+def test_the_vendored_dagre_is_the_pinned_npm_package() -> None:
+    """One source of truth: client/report_assets/dagre.min.js is the file npm installs from
+    the version package-lock.json pins."""
+    vendored = ROOT / "client" / "report_assets" / "dagre.min.js"
+    installed = NODE_DIR / "node_modules" / "@dagrejs" / "dagre" / "dist" / "dagre.min.js"
+    lock = json.loads((NODE_DIR / "package-lock.json").read_text())
+    pinned = lock["packages"]["node_modules/@dagrejs/dagre"]["version"]
+    package = json.loads((NODE_DIR / "package.json").read_text())
+    assert package["devDependencies"]["@dagrejs/dagre"] == pinned
+    if not installed.exists():
+        if IN_CI:
+            pytest.fail("client/node/node_modules is missing (make node-client)")
+        pytest.skip("make node-client has not run")
+    installed_version = json.loads(installed.parent.parent.joinpath("package.json").read_text())
+    assert installed_version["version"] == pinned
+    assert hashlib.sha256(vendored.read_bytes()).hexdigest() == hashlib.sha256(
+        installed.read_bytes()
+    ).hexdigest()
+
+
+HOSTILE: dict[str, Any] = {
+    "methods": [{
+        "method": "forward",
+        "total_nodes": 2,
+        "delegated": [{"backend_id": "XnnpackBackend", "partitions": 1, "nodes": 1}],
+        "cpu_ops": [{"op": "aten.cumsum.default", "count": 1}],
+        "nodes": [
+            {"name": "x", "op": "placeholder", "kind": "placeholder", "shapes": "f32[2]"},
+            {"name": "a</script><script>alert(1)</script>", "op": "aten.relu.default",
+             "kind": "call_function", "inputs": ["x"], "backend_id": "XnnpackBackend",
+             "partition": "tag0"},
+            {"name": "{{SCRIPT}}", "op": "aten.cumsum.default", "kind": "call_function",
+             "inputs": ["a</script><script>alert(1)</script>"],
+             "reason": "<img src=x onerror=alert(1)> & {{DATA}}",
+             "reason_source": "REJECTION_SOURCE_DERIVED"},
+        ],
+    }],
+}
+
+
+def test_the_page_is_self_contained_and_its_scripts_are_pinned_by_hash() -> None:
+    page = render_html(HOSTILE, title="<b>t</b>")
+    assert "<title>&lt;b&gt;t&lt;/b&gt;</title>" in page
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert csp is not None
+    policy = html.unescape(csp.group(1))
+    assert "default-src 'none'" in policy and "unsafe-inline" not in policy.split("script-src")[1]
+    scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.DOTALL)
+    assert len(scripts) == 2  # dagre, the page; the data is JSON, not a script
+    for s in scripts:
+        digest = hashlib.sha256(s.encode()).digest()
+        assert f"'sha256-{base64.b64encode(digest).decode()}'" in policy
+    # Nothing points outside the file, no source map either.
+    assert not re.search(r'\b(src|href)\s*=\s*["\']?(https?:|//)', page)
+    assert "sourceMappingURL" not in page
+    # The hostile strings stay inside the JSON block, whole, and come back out of it.
+    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page,
+                     flags=re.DOTALL)
+    assert data is not None
+    assert json.loads(data.group(1))["report"] == HOSTILE
+    assert page.count("<script") == 3
+
+
+def test_the_hostile_page_renders_its_strings_as_text(browser: None, tmp_path: Path) -> None:
+    write_report(tmp_path / "hostile.html", HOSTILE, title="hostile")
+    seen = open_page(tmp_path / "hostile.html", tmp_path / "hostile.png")
+    assert_clean(seen)
+    assert "<img src=x onerror=alert(1)> & {{DATA}}" in seen["text"]
+    assert {n["name"] for n in seen["nodes"]} >= {"{{SCRIPT}}", "a</script><script>alert(1)</script>"}
+
+
+def test_report_command_turns_json_into_the_page(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(HOSTILE))
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "r.json"),
+         "-o", str(tmp_path / "r.html"), "--title", "T"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").read_text() == render_html(HOSTILE, title="T")
+    (tmp_path / "bad.json").write_text('{"not": "a report"}')
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "bad.json"),
+         "-o", str(tmp_path / "bad.html")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2 and "no delegation report" in done.stderr
+
+
+# --------------------------------------------------------------------- pages of real lowerings
+
+
+@pytest.fixture(scope="module")
+def small_report() -> dict[str, Any]:
+    from report_inputs import small_report
+
+    return small_report()
+
+
+@pytest.mark.slow
+def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path: Path) -> None:
+    method = small_report["methods"][0]
+    cpu = [n for n in method["nodes"] if n.get("reason")]
+    assert cpu, "the small model must leave nodes on the CPU"
+    write_report(tmp_path / "small.html", small_report, title="small model")
+    seen = open_page(tmp_path / "small.html", tmp_path / "small.png", expand=True)
+    assert_clean(seen)
+    assert_colours(seen, small_report)
+    # Every CPU node is explained on the page: its name, operator and reason, and it is drawn.
+    for n in cpu:
+        assert n["name"] in seen["text"] and n["op"] in seen["text"] and n["reason"] in seen["text"]
+    drawn_cpu = {n["name"] for n in seen["nodes"] if n["cpu"]}
+    assert drawn_cpu == {n["name"] for n in cpu}
+    # The summary: nodes and partitions per backend.
+    for d in method["delegated"]:
+        assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
+    # Small enough to draw whole: every module open, every non-weight node drawn.
+    assert seen["clusters"] == []
+    assert len(seen["nodes"]) == sum(
+        1 for n in method["nodes"] if not re.match(r"^(p|b|c)_", n["name"])
+    )
