@@ -214,3 +214,68 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
     assert len(seen["nodes"]) == sum(
         1 for n in method["nodes"] if not re.match(r"^(p|b|c)_", n["name"])
     )
+
+
+@pytest.fixture(scope="module")
+def small_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/report_inputs.SmallModel as a PT2 archive (``torch.export.save``)."""
+    import torch
+    from report_inputs import SmallModel
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("report_page") / "small.pt2"
+    ep = torch.export.export(SmallModel().eval(), (torch.randn(2, 8),), strict=False)
+    torch.export.save(ep, path)
+    return path
+
+
+@pytest.mark.slow
+def test_lower_writes_the_report_page(
+    browser: None, server_address: str, small_archive: Path, tmp_path: Path
+) -> None:
+    """``remote-partitioner lower X.pt2 -o Y.pte --report R.html`` against a real server; the
+    Node client's ``--report-json`` gives the same report, which ``report`` turns into a page."""
+    page = tmp_path / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "lower", str(small_archive),
+         "-o", str(tmp_path / "m.pte"), "--report", str(page), "--partitioner", "xnnpack",
+         "--target", server_address, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    printed = json.loads(done.stdout)
+    printed.pop("output")
+    shown = json.loads(re.search(  # type: ignore[union-attr]
+        r'<script type="application/json" id="report-data">(.*?)</script>', page.read_text(),
+        flags=re.DOTALL).group(1))
+    assert shown["report"] == printed
+    seen = open_page(page, tmp_path / "lowered.png")
+    assert_clean(seen)
+    method = printed["methods"][0]
+    for d in method["delegated"]:
+        assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
+    for op in method["cpu_ops"]:
+        assert op["op"] in seen["text"]
+    if method.get("nodes"):  # a server that sends per-node data: the page explains every CPU node
+        assert_colours(seen, printed)
+        for n in method["nodes"]:
+            if n.get("kind") == "call_function" and not n.get("backend_id") and "getitem" not in n["op"]:
+                assert n["name"] in seen["text"] and n.get("reason") and n["reason"] in seen["text"]
+
+    if shutil.which("node") is None:
+        return
+    node_json = tmp_path / "node-report.json"
+    node = subprocess.run(
+        ["node", "bin/remote-partitioner.js", "lower", str(small_archive), "-o",
+         str(tmp_path / "node.pte"), "--partitioner", "xnnpack", "--target", server_address,
+         "--report-json", str(node_json)],
+        cwd=NODE_DIR, capture_output=True, text=True, timeout=600,
+    )
+    assert node.returncode == 0, node.stderr[-4000:]
+    assert json.loads(node_json.read_text()) == printed
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(node_json), "-o",
+         str(tmp_path / "node.html")], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert_clean(open_page(tmp_path / "node.html", tmp_path / "node.png"))
