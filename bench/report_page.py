@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
 
-    from remote_partitioner.client.report import write_report
+    from remote_partitioner.client.report_page import write_report
 
     if args.report:
         report = json.loads(Path(args.report).read_text())

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
 from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
-from remote_partitioner.client.report import write_report
+from remote_partitioner.client.report_page import write_report
 from remote_partitioner.proto.transport import DEFAULT_ADDRESS
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 

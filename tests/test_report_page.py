@@ -1,5 +1,5 @@
-"""The delegation report page (client/report.py): one self-contained HTML file, checked in a real
-browser. Debian's Chromium, driven headless by playwright-core through
+"""The delegation report page (client/report_page.py): one self-contained HTML file, checked in a
+real browser. Debian's Chromium, driven headless by playwright-core through
 ``client/node/tools/report-page.mjs``, opens the file:// page; the tests assert on what it
 rendered: the CPU nodes and their reasons, every partition in its backend's colour, no console
 error, no request of any kind. The reports come from real lowerings (tests/report_inputs.py);
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from remote_partitioner.client.report import backend_colour, render_html, write_report
+from remote_partitioner.client.report_page import backend_colour, render_html, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "client" / "node"
