@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from remote_partitioner.client import report
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
 from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
@@ -120,8 +121,12 @@ def _client(args: argparse.Namespace) -> LowerClient:
     return LowerClient(args.target, credentials=credentials, token=token, timeout=args.timeout)
 
 
-def _print_report(report: pb.DelegationReport) -> None:
-    for m in report.methods:
+#: How many node names the text report shows per operator and reason.
+_NAMES_SHOWN = 3
+
+
+def _print_report(delegation: pb.DelegationReport) -> None:
+    for m in delegation.methods:
         delegated = sum(d.nodes for d in m.delegated)
         print(f"method {m.method}: {m.total_nodes} nodes, {delegated} delegated")
         for d in m.delegated:
@@ -130,6 +135,17 @@ def _print_report(report: pb.DelegationReport) -> None:
             print("  left on the CPU:")
             for op in m.cpu_ops:
                 print(f"    {op.count:5d}  {op.op}")
+        groups = report.cpu_nodes_by_op(m)
+        if groups:
+            print("  why:")
+        for op_name, nodes in groups:
+            by_reason: dict[str, list[str]] = {}
+            for name, reason in nodes:
+                by_reason.setdefault(reason, []).append(name)
+            for reason, names in by_reason.items():
+                shown = ", ".join(names[:_NAMES_SHOWN])
+                more = f" +{len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+                print(f"    {op_name}: {reason} ({shown}{more})")
 
 
 def _report_page(args: argparse.Namespace) -> int:
@@ -182,7 +198,10 @@ def _run(args: argparse.Namespace) -> int:
             title = f"Delegation report: {Path(args.model).name} ({', '.join(args.partitioner)})"
             write_report(args.report, report, title=title)
         if args.json:
-            out = json_format.MessageToDict(result.report, preserving_proto_field_name=True)
+            out = report.with_cpu_nodes(
+                result.report,
+                json_format.MessageToDict(result.report, preserving_proto_field_name=True),
+            )
             if args.command == "lower":
                 out["output"] = {"path": args.output, "bytes": len(result.pte or b"")}
             print(json.dumps(out, indent=2))
