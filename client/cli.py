@@ -151,13 +151,13 @@ def _print_report(delegation: pb.DelegationReport) -> None:
 def _report_page(args: argparse.Namespace) -> int:
     """``report``: the HTML page of a report saved as JSON; no server involved."""
     try:
-        report = json.loads(Path(args.report_json).read_text(encoding="utf-8"))
+        saved = json.loads(Path(args.report_json).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read {args.report_json}: {e}") from e
-    if not isinstance(report, dict) or not isinstance(report.get("methods"), list):
+    if not isinstance(saved, dict) or not isinstance(saved.get("methods"), list):
         raise UsageError(f"{args.report_json} holds no delegation report (no 'methods' list)")
     title = args.title or f"Delegation report: {Path(args.report_json).name}"
-    write_report(args.output, report, title=title)
+    write_report(args.output, saved, title=title)
     print(f"wrote {args.output}")
     return EXIT_OK
 
@@ -193,15 +193,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "lower":
             assert result.pte is not None
             Path(args.output).write_bytes(result.pte)
+        # The report as JSON: what --json prints and what the --report page shows.
+        as_dict = report.with_cpu_nodes(
+            result.report,
+            json_format.MessageToDict(result.report, preserving_proto_field_name=True),
+        )
         if args.report:
-            report = json_format.MessageToDict(result.report, preserving_proto_field_name=True)
             title = f"Delegation report: {Path(args.model).name} ({', '.join(args.partitioner)})"
-            write_report(args.report, report, title=title)
+            write_report(args.report, as_dict, title=title)
         if args.json:
-            out = report.with_cpu_nodes(
-                result.report,
-                json_format.MessageToDict(result.report, preserving_proto_field_name=True),
-            )
+            out = dict(as_dict)
             if args.command == "lower":
                 out["output"] = {"path": args.output, "bytes": len(result.pte or b"")}
             print(json.dumps(out, indent=2))

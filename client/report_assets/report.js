@@ -12,6 +12,8 @@
   const CPU_FILL = '#ffffff';
   // How many boxes (nodes and collapsed modules) the first drawing of a graph may hold.
   const EXPAND_BUDGET = 140;
+  // Edges of a box that feeds more boxes than this are not drawn (the box says how many).
+  const HUB_FANOUT = 6;
   const status = { ready: false, renderMs: null, renders: 0, errors: [] };
   window.__report = status;
 
@@ -233,21 +235,29 @@
       measure(root);
     }
 
-    // Expand breadth first, smallest modules first, while the drawing stays within budget.
+    // Expand breadth first while the drawing stays within budget. Siblings of one module type
+    // (the 32 blocks of a transformer) open together or not at all, cheapest group first.
     resetExpansion() {
       for (const c of this.clusters.values()) c.expanded = false;
       this.root.expanded = true;
       let visible = this.root.members.length + this.root.children.length;
       let level = [...this.root.children];
       while (level.length) {
-        level.sort((a, b) => a.size - b.size);
-        const next = [];
+        const groups = new Map();
         for (const c of level) {
-          const cost = c.members.length + c.children.length - 1;
-          if (visible + cost > EXPAND_BUDGET) continue;
-          c.expanded = true;
-          visible += cost;
-          next.push(...c.children);
+          const key = `${c.parent.path}\u0000${c.type}`;
+          if (!groups.has(key)) groups.set(key, []);
+          groups.get(key).push(c);
+        }
+        const cost = (cs) => cs.reduce((a, c) => a + c.members.length + c.children.length - 1, 0);
+        const next = [];
+        for (const cs of [...groups.values()].sort((a, b) => cost(a) - cost(b))) {
+          if (visible + cost(cs) > EXPAND_BUDGET) continue;
+          visible += cost(cs);
+          for (const c of cs) {
+            c.expanded = true;
+            next.push(...c.children);
+          }
         }
         level = next;
       }
@@ -288,8 +298,9 @@
           if (child.expanded) {
             g.setNode(id, { kind: 'open', cluster: child });
           } else {
-            const label = child.path.split('.').slice(-2).join('.');
-            const width = Math.max(130, 7 * Math.max(label.length, 16) + 20);
+            const type = String(child.type || '').split('.').pop();
+            const sub = `${type} · ${child.size} nodes · ${child.counts.CPU || 0} on CPU`;
+            const width = Math.max(130, 7.2 * (child.path.length + 2) + 16, 6.2 * sub.length + 16);
             g.setNode(id, { kind: 'closed', cluster: child, width, height: 46 });
           }
           if (parentId) g.setParent(id, parentId);
@@ -304,26 +315,41 @@
         }
       };
       addCluster(this.root, null);
-      const seen = new Set();
+      const targets = new Map(); // representative -> the representatives it feeds
       for (const n of this.nodes.values()) {
         const b = this.representative(n.name);
         if (!b) continue;
         for (const i of n.inputs || []) {
           const a = this.representative(i);
-          if (!a || a === b || seen.has(`${a}>${b}`)) continue;
-          seen.add(`${a}>${b}`);
-          g.setEdge(a, b);
+          if (!a || a === b) continue;
+          if (!targets.has(a)) targets.set(a, new Set());
+          targets.get(a).add(b);
         }
       }
+      // A box that feeds many others (the rotary tables every layer reads, a mask) keeps its
+      // edges out of the drawing and says how many it feeds: long edges across the whole graph
+      // would tangle it and cost most of the layout time.
+      for (const [a, bs] of targets) {
+        if (bs.size > HUB_FANOUT) {
+          g.node(a).hub = bs.size;
+          if (g.node(a).kind === 'node') g.node(a).width += 34;
+          continue;
+        }
+        for (const b of bs) g.setEdge(a, b);
+      }
+      const t1 = performance.now();
       dagre.layout(g);
+      const t2 = performance.now();
       this.draw(g);
       const ms = performance.now() - t0;
+      this.timing = { model: t1 - t0, layout: t2 - t1, draw: ms - (t2 - t0) };
       const boxes = g.nodes().filter((id) => g.node(id).kind !== 'open').length;
       this.visible = boxes;
       this.host.dataset.visible = String(boxes);
       this.host.dataset.renders = String(num(this.host.dataset.renders) + 1);
       this.statusLine.textContent =
         `${boxes} boxes drawn of ${this.nodes.size} nodes, laid out in ${ms.toFixed(0)} ms`;
+      this.host.dataset.timing = JSON.stringify(this.timing);
       status.renders += 1;
     }
 
@@ -367,7 +393,9 @@
       gEl.append(svg('rect', { width: v.width, height: v.height, rx: io ? 12 : 4, fill }));
       const t = svg('text', { x: v.width / 2, y: v.height / 2 + 4, 'text-anchor': 'middle',
         fill: n.backend_id ? '#ffffff' : cpu ? '#7f1d1d' : '#374151' });
-      t.textContent = v.label.length > 32 ? `${v.label.slice(0, 31)}…` : v.label;
+      const label = v.label.length > 32 ? `${v.label.slice(0, 31)}…` : v.label;
+      t.textContent = v.hub ? `${label} ⇉${v.hub}` : label;
+      if (v.hub) gEl.setAttribute('data-hub', String(v.hub));
       gEl.append(t);
       this.elements.set(n.name, gEl);
       return gEl;
@@ -439,7 +467,16 @@
           c.expanded = true;
         }
         showCluster(c);
+        // Keep the module where the user clicked it: its top-left corner stays put on screen.
+        const before = clusterEl.getBoundingClientRect();
         this.render();
+        const after = this.viewport.querySelector(`[data-cluster="${CSS.escape(c.path)}"]`);
+        if (after) {
+          const now = after.getBoundingClientRect();
+          this.zoom.x += before.left - now.left;
+          this.zoom.y += before.top - now.top;
+          this.apply();
+        }
       });
       this.svg.addEventListener('mousemove', (ev) => {
         const nodeEl = ev.target.closest('[data-node]');
@@ -449,7 +486,8 @@
           const n = this.nodes.get(nodeEl.getAttribute('data-node'));
           const where = n.backend_id ? `${n.backend_id} ${n.partition || ''}`
             : isOperator(n) ? `CPU: ${n.reason || 'no reason reported'}` : n.kind;
-          text = `${n.name}  ${n.op}\n${n.shapes || ''}\n${where}`;
+          const hub = nodeEl.dataset.hub ? `\nfeeds ${nodeEl.dataset.hub} boxes (edges not drawn)` : '';
+          text = `${n.name}  ${n.op}\n${n.shapes || ''}\n${where}${hub}`;
         } else if (clusterEl) {
           const c = this.clusters.get(clusterEl.getAttribute('data-cluster'));
           text = `${c.path} (${c.type})\n${c.size} nodes: click to expand`;
@@ -508,11 +546,13 @@
       this.viewport.setAttribute('transform', `translate(${z.x},${z.y}) scale(${z.k})`);
     }
 
-    // Fit the width (not below a readable scale), top aligned.
-    fit() {
+    // Fit the width (at most 1:1, not below a readable scale), top aligned; `whole`: fit the
+    // height too (the Fit button), down to a scale where the shape still shows.
+    fit(whole = false) {
       const r = this.svg.getBoundingClientRect();
-      const k = Math.max(0.45, Math.min(1.3, (r.width - 20) / (this.extent.w || 1),
-        this.extent.h > 0 ? Math.max((r.height - 20) / this.extent.h, 0.45) : 1));
+      let k = Math.min(1, (r.width - 20) / (this.extent.w || 1));
+      if (whole) k = Math.min(k, (r.height - 20) / (this.extent.h || 1));
+      k = Math.max(whole ? 0.15 : 0.6, k);
       this.zoom = { k, x: Math.max(10, (r.width - this.extent.w * k) / 2), y: 10 };
       this.apply();
     }
@@ -706,7 +746,7 @@
       const toolbar = el('div', { class: 'toolbar' },
         button('Expand one level', 'expand every collapsed module on screen', () => view.expandLevel()),
         button('Reset', 'back to the first view', () => { view.resetExpansion(); view.render(); view.fit(); }),
-        button('Fit', 'fit the drawing', () => view.fit()),
+        button('Fit', 'fit the whole drawing', () => view.fit(true)),
         el('label', {}, weights, ' weights'), searchBox, statusLine);
       body.append(el('h3', { text: 'Graph' }), toolbar, graph);
       view = new GraphView(m, graph, statusLine);

@@ -61,6 +61,15 @@ try {
   out.render_ms = await page.evaluate(() => window.__report.renderMs);
   out.title = await page.title();
   out.text = await page.evaluate(() => document.body.innerText);
+  // On screen: inside its graph's box (the drawing is clipped to it) and in the viewport.
+  await page.evaluate(() => {
+    window.__onscreen = (g) => {
+      const box = g.getBoundingClientRect();
+      const host = g.closest('[data-graph]').getBoundingClientRect();
+      return box.left >= host.left && box.right <= host.right && box.top >= host.top
+        && box.bottom <= host.bottom && box.top >= 0 && box.bottom <= window.innerHeight;
+    };
+  });
   const snapshot = () => page.evaluate(() => ({
     visible: [...document.querySelectorAll('[data-graph]')].map((g) => Number(g.dataset.visible || 0)),
     nodes: [...document.querySelectorAll('[data-node]')].map((g) => ({
@@ -69,9 +78,10 @@ try {
       partition: g.dataset.partition || null,
       cpu: g.dataset.cpu === 'true',
       fill: getComputedStyle(g.querySelector('rect')).fill,
+      onscreen: window.__onscreen(g),
     })),
     clusters: [...document.querySelectorAll('[data-cluster]:not([data-open])')].map((g) => ({
-      path: g.dataset.cluster, size: Number(g.dataset.size),
+      path: g.dataset.cluster, size: Number(g.dataset.size), onscreen: window.__onscreen(g),
     })),
   }));
   Object.assign(out, await snapshot());
@@ -79,8 +89,10 @@ try {
     [...document.querySelectorAll('[data-legend-backend]')].map((s) => [
       s.dataset.legendBackend, getComputedStyle(s).backgroundColor])));
   if (values.screenshot) await page.screenshot({ path: values.screenshot });
-  if (values.expand && out.clusters.length > 0) {
-    const target = out.clusters.reduce((a, b) => (b.size > a.size ? b : a));
+  const reachable = out.clusters.filter((c) => c.onscreen);
+  if (values.expand && reachable.length > 0) {
+    // The largest module on screen, clicked as a user would.
+    const target = reachable.reduce((a, b) => (b.size > a.size ? b : a));
     const renders = await page.evaluate(() => window.__report.renders);
     const t0 = Date.now();
     await page.click(`[data-cluster="${target.path}"]:not([data-open]) rect.box`);
@@ -92,10 +104,12 @@ try {
       visible_before: out.visible,
       visible_after: after.visible,
       nodes_after: after.nodes.length,
+      onscreen_after: after.nodes.filter((n) => n.onscreen).length,
       still_collapsed: after.clusters.map((c) => c.path).includes(target.path),
     };
     // Click a drawn node of the module just opened: its details must show.
-    const inside = after.nodes.find((n) => n.cpu) || after.nodes[0];
+    const shown = after.nodes.filter((n) => n.onscreen);
+    const inside = shown.find((n) => n.cpu) || shown[0];
     if (inside) {
       await page.click(`[data-node="${inside.name}"]`);
       out.expanded.details = await page.evaluate(() => document.getElementById('details').innerText);
