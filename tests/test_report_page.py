@@ -216,6 +216,34 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
     )
 
 
+@pytest.mark.slow
+def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path) -> None:
+    """ExecuTorch's llama2 example at 32 layers (about 3,800 nodes): the page opens with the
+    layers collapsed, explains every CPU node, and a click opens a module (its time to open is
+    a bench figure: make bench-report)."""
+    from report_inputs import llama2_report
+
+    report = llama2_report()
+    method = report["methods"][0]
+    assert len(method["nodes"]) > 3000
+    write_report(tmp_path / "llama2.html", report, title="llama2")
+    seen = open_page(tmp_path / "llama2.html", tmp_path / "llama2.png", expand=True)
+    assert_clean(seen)
+    assert_colours(seen, report)
+    assert 0 < seen["visible"][0] <= 160, "the first drawing must stay small"
+    assert len(seen["clusters"]) >= 32  # the transformer blocks, collapsed
+    for n in method["nodes"]:
+        if n.get("reason"):
+            assert n["name"] in seen["text"]
+    for reason in {n["reason"] for n in method["nodes"] if n.get("reason")}:
+        assert reason in seen["text"]
+    opened = seen["expanded"]
+    assert not opened["still_collapsed"]
+    assert opened["visible_after"][0] > opened["visible_before"][0]
+    assert opened["onscreen_after"] > 0, "the opened module's nodes are on screen"
+    assert "operator" in opened["details"] and "module stack" in opened["details"]
+
+
 @pytest.fixture(scope="module")
 def small_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/report_inputs.SmallModel as a PT2 archive (``torch.export.save``)."""

@@ -435,10 +435,10 @@
       const y = v.y - v.height / 2;
       gEl.append(svg('rect', { class: 'box', x, y, width: v.width, height: v.height, rx: 6 }));
       const type = String(c.type || '').split('.').pop();
-      const room = Math.max(4, Math.floor((v.width - 14) / 6.6));
-      let label = `▾ ${c.path} · ${type}`;
-      if (label.length > room) label = `▾ …${`${c.path} · ${type}`.slice(-(room - 3))}`;
-      gEl.append(svg('rect', { class: 'head', x, y, width: Math.min(v.width, 6.6 * label.length + 12),
+      // The whole name, even where it runs past a narrow module's box: names are what one
+      // navigates by.
+      const label = `▾ ${c.path} · ${type}`;
+      gEl.append(svg('rect', { class: 'head', x, y, width: Math.max(v.width, 6.6 * label.length + 12),
         height: 16, rx: 6 }));
       const t = svg('text', { class: 'title', x: x + 6, y: y + 12 });
       t.textContent = label;
