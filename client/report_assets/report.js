@@ -45,7 +45,7 @@
   const sourceText = {
     REJECTION_SOURCE_PARTITIONER: 'reported by the partitioner',
     REJECTION_SOURCE_BACKEND_LOG: "from the backend's log",
-    REJECTION_SOURCE_DERIVED: 'derived: no partitioner claimed it',
+    REJECTION_SOURCE_DERIVED: 'derived by the server: the partitioner gave no reason',
   };
 
   // ------------------------------------------------------------------------------- legend
@@ -551,7 +551,8 @@
     fit(whole = false) {
       const r = this.svg.getBoundingClientRect();
       let k = Math.min(1, (r.width - 20) / (this.extent.w || 1));
-      if (whole) k = Math.min(k, (r.height - 20) / (this.extent.h || 1));
+      const tall = Math.min(k, (r.height - 20) / (this.extent.h || 1));
+      if (whole || tall >= 0.7) k = tall; // a small graph shows whole
       k = Math.max(whole ? 0.15 : 0.6, k);
       this.zoom = { k, x: Math.max(10, (r.width - this.extent.w * k) / 2), y: 10 };
       this.apply();
