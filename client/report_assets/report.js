@@ -41,6 +41,7 @@
   const isOperator = (n) => n.kind === 'call_function' && !/getitem/.test(n.op || '');
   const isWeight = (n) => n.kind === 'placeholder' && /^(p|b|c)_/.test(n.name);
   const colourOf = (backend) => COLOURS[backend] || '#888888';
+  const plural = (k, word) => `${k} ${word}${k === 1 ? '' : 's'}`;
   const fmtPct = (part, whole) => (whole ? `${((100 * part) / whole).toFixed(1)}%` : '-');
   const sourceText = {
     REJECTION_SOURCE_PARTITIONER: 'reported by the partitioner',
@@ -687,7 +688,8 @@
       byOp.get(n.op).push(n);
     }
     const total = fromList.length || (m.cpu_ops || []).reduce((a, o) => a + num(o.count), 0);
-    box.append(el('h3', { text: `On the CPU: ${total} nodes, ${byOp.size || (m.cpu_ops || []).length} operators` }));
+    const opCount = byOp.size || (m.cpu_ops || []).length;
+    box.append(el('h3', { text: `On the CPU: ${plural(total, 'node')}, ${plural(opCount, 'operator')}` }));
     const grid = el('div', { class: 'cpu-ops' });
     if (byOp.size === 0) {
       for (const o of m.cpu_ops || []) {
@@ -758,6 +760,9 @@
         view.drawn = true;
         view.render();
         view.fit();
+        // A small drawing gets a box its size rather than a screenful of white.
+        const need = view.extent.h * view.zoom.k + 40;
+        if (need < graph.clientHeight) graph.style.height = `${Math.max(200, need)}px`;
       };
       if (section.open) requestAnimationFrame(first);
       section.addEventListener('toggle', () => { if (section.open) first(); });
