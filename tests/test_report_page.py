@@ -292,6 +292,20 @@ def test_lower_writes_the_report_page(
             if cpu and "getitem" not in n["op"]:
                 assert n["name"] in seen["text"] and n.get("reason") and n["reason"] in seen["text"]
 
+    # partition --report: the same report, no .pte.
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "partition", str(small_archive),
+         "--report", str(tmp_path / "partition.html"), "--partitioner", "xnnpack",
+         "--target", server_address],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"wrote {tmp_path / 'partition.html'}" in done.stdout
+    shown = json.loads(re.search(  # type: ignore[union-attr]
+        r'<script type="application/json" id="report-data">(.*?)</script>',
+        (tmp_path / "partition.html").read_text(), flags=re.DOTALL).group(1))
+    assert shown["report"] == printed
+
     if shutil.which("node") is None:
         return
     node_json = tmp_path / "node-report.json"
