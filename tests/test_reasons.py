@@ -202,6 +202,7 @@ def test_concurrent_partition_calls_keep_reasons_apart(
     assert answers[1]["aten_argmax_default"] == "no XNNPACK config supports aten.argmax.default"
 
 
+@pytest.mark.slow
 def test_vulkan_skip_messages_arrive_as_backend_log(server_address: str) -> None:
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
 
