@@ -19,6 +19,9 @@ SOURCES = {
     pb.REJECTION_SOURCE_DERIVED: "derived",
 }
 
+#: How reports spell a getitem node's operator.
+GETITEM = "_operator.getitem"
+
 
 @dataclasses.dataclass(frozen=True)
 class Rejection:
@@ -73,10 +76,12 @@ def cpu_nodes(method: pb.MethodReport) -> list[dict[str, str]]:
 
 
 def cpu_nodes_by_op(method: pb.MethodReport) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The CPU call_function nodes grouped by operator (most nodes first, then by name):
-    ``[(op, [(node name, reason), ...]), ...]``."""
+    """The CPU call_function nodes, getitems left out (as in ``cpu_ops``), grouped by
+    operator (most nodes first, then by name): ``[(op, [(node name, reason), ...]), ...]``."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for n in cpu_nodes(method):
+        if n["op"] == GETITEM:
+            continue
         groups.setdefault(n["op"], []).append((n["name"], n["reason"]))
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
@@ -89,6 +94,7 @@ def with_cpu_nodes(report: pb.DelegationReport, as_dict: dict[str, Any]) -> dict
 
 
 __all__ = [
+    "GETITEM",
     "SOURCES",
     "Delegated",
     "Rejection",
