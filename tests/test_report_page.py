@@ -53,11 +53,15 @@ def browser() -> None:
         pytest.skip(f"missing: {', '.join(missing)}")
 
 
-def open_page(page: Path, shots: Path, *, expand: bool = False) -> dict[str, Any]:
+def open_page(
+    page: Path, shots: Path, *, expand: bool = False, reveal: bool = False
+) -> dict[str, Any]:
     """Open ``page`` in headless Chromium; what it rendered (see report-page.mjs)."""
     args = ["node", str(TOOL), str(page), "--screenshot", str(shots)]
     if expand:
         args.append("--expand")
+    if reveal:
+        args.append("--reveal")
     done = subprocess.run(args, cwd=NODE_DIR, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     seen: dict[str, Any] = json.loads(done.stdout)
@@ -199,7 +203,7 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
     cpu = [n for n in method["nodes"] if n.get("reason")]
     assert cpu, "the small model must leave nodes on the CPU"
     write_report(tmp_path / "small.html", small_report, title="small model")
-    seen = open_page(tmp_path / "small.html", tmp_path / "small.png", expand=True)
+    seen = open_page(tmp_path / "small.html", tmp_path / "small.png", reveal=True)
     assert_clean(seen)
     assert_colours(seen, small_report)
     # Every CPU node is explained on the page: its name, operator and reason, and it is drawn.
@@ -207,6 +211,7 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
         assert n["name"] in seen["text"] and n["op"] in seen["text"] and n["reason"] in seen["text"]
     drawn_cpu = {n["name"] for n in seen["nodes"] if n["cpu"]}
     assert drawn_cpu == {n["name"] for n in cpu}
+    assert seen["revealed"]["selected"] and seen["revealed"]["name"] in {n["name"] for n in cpu}
     # The summary: nodes and partitions per backend.
     for d in method["delegated"]:
         assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
@@ -228,16 +233,22 @@ def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path
     method = report["methods"][0]
     assert len(method["nodes"]) > 3000
     write_report(tmp_path / "llama2.html", report, title="llama2")
-    seen = open_page(tmp_path / "llama2.html", tmp_path / "llama2.png", expand=True)
+    seen = open_page(tmp_path / "llama2.html", tmp_path / "llama2.png", expand=True, reveal=True)
     assert_clean(seen)
     assert_colours(seen, report)
     assert 0 < seen["visible"][0] <= 160, "the first drawing must stay small"
     assert len(seen["clusters"]) >= 32  # the transformer blocks, collapsed
+    # Every CPU node is named on the page (past the first few of an operator and reason, in a
+    # folded "N more"), every reason and operator is in plain sight.
     for n in method["nodes"]:
         if n.get("reason"):
-            assert n["name"] in seen["text"]
-    for reason in {n["reason"] for n in method["nodes"] if n.get("reason")}:
-        assert reason in seen["text"]
+            assert n["name"] in seen["all_text"]
+            assert n["reason"] in seen["text"] and n["op"] in seen["text"]
+    # A CPU node's name in the list opens the graph on it, inside its collapsed layer.
+    revealed = seen["revealed"]
+    assert not revealed["was_drawn"]
+    assert revealed["drawn"] and revealed["selected"] and revealed["onscreen"], revealed
+    assert revealed["name"] in revealed["details"] and "reason" in revealed["details"]
     opened = seen["expanded"]
     assert not opened["still_collapsed"]
     assert opened["visible_after"][0] > opened["visible_before"][0]

@@ -14,6 +14,8 @@
   const EXPAND_BUDGET = 140;
   // Edges of a box that feeds more boxes than this are not drawn (the box says how many).
   const HUB_FANOUT = 6;
+  // How many node names the CPU list shows per operator and reason before "N more".
+  const NAMES_SHOWN = 12;
   const status = { ready: false, renderMs: null, renders: 0, errors: [] };
   window.__report = status;
 
@@ -712,10 +714,21 @@
         const div = el('div', { class: 'reason' }, reason);
         if (source) div.append(' ', el('span', { class: 'source', text: `(${sourceText[source] || source})` }));
         const who = el('div', { class: 'who' });
-        names.forEach((name, i) => {
-          if (i) who.append(' ');
-          who.append(view ? nodeLink(view, name) : el('code', { text: name }));
+        const add = (list) => list.forEach((name) => {
+          who.append(view ? nodeLink(view, name) : el('code', { text: name }), ' ');
         });
+        add(names.slice(0, NAMES_SHOWN));
+        if (names.length > NAMES_SHOWN) {
+          // The rest stays in the page (searchable) but folded.
+          const more = el('details', { class: 'more' },
+            el('summary', { text: `${names.length - NAMES_SHOWN} more` }));
+          const rest = el('div');
+          more.append(rest);
+          who.append(more);
+          names.slice(NAMES_SHOWN).forEach((name) => {
+            rest.append(view ? nodeLink(view, name) : el('code', { text: name }), ' ');
+          });
+        }
         item.append(div, who);
       }
       grid.append(item);

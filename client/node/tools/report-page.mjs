@@ -5,7 +5,11 @@
 // until the page said it was ready, the page's text, the drawn nodes with their fill colour,
 // the legend's colours, and (with --expand) what clicking the first collapsed module did.
 //
-//   node tools/report-page.mjs PAGE.html [--screenshot OUT.png] [--expand] [--timeout MS]
+//   node tools/report-page.mjs PAGE.html [--screenshot OUT.png] [--expand] [--reveal]
+//                              [--timeout MS]
+//
+// --reveal clicks, in the CPU list, the name of a CPU node the graph does not show yet and
+// reports whether the graph then shows it, selected and on screen (its modules opened).
 //
 // Chromium: $CHROMIUM, else /usr/bin/chromium (Debian's package). Exit 0 when the page was
 // read (the caller judges it), 1 when it could not be.
@@ -21,6 +25,7 @@ const { values, positionals } = parseArgs({
   options: {
     screenshot: { type: 'string' },
     expand: { type: 'boolean' },
+    reveal: { type: 'boolean' },
     timeout: { type: 'string', default: '60000' },
   },
 });
@@ -61,6 +66,8 @@ try {
   out.render_ms = await page.evaluate(() => window.__report.renderMs);
   out.title = await page.title();
   out.text = await page.evaluate(() => document.body.innerText);
+  // All the text, folded parts included (innerText leaves closed <details> out).
+  out.all_text = await page.evaluate(() => document.body.textContent);
   // On screen: inside its graph's box (the drawing is clipped to it) and in the viewport.
   await page.evaluate(() => {
     window.__onscreen = (g) => {
@@ -116,6 +123,39 @@ try {
     }
     if (values.screenshot) {
       await page.screenshot({ path: values.screenshot.replace(/\.png$/, '') + '-expanded.png' });
+    }
+  }
+  if (values.reveal) {
+    // The first CPU node not drawn yet (inside a closed module), else the first one.
+    const index = await page.evaluate(() => {
+      const links = [...document.querySelectorAll('.cpu-nodes .node-link')]
+        .filter((a) => a.checkVisibility());
+      const hidden = links.findIndex(
+        (a) => !document.querySelector(`[data-node="${CSS.escape(a.textContent)}"]`));
+      return links.length === 0 ? -1 : Math.max(hidden, 0);
+    });
+    if (index >= 0) {
+      const link = page.locator('.cpu-nodes .node-link:visible').nth(index);
+      const name = await link.innerText();
+      const renders = await page.evaluate(() => window.__report.renders);
+      const wasDrawn = await page.evaluate(
+        (n) => Boolean(document.querySelector(`[data-node="${CSS.escape(n)}"]`)), name);
+      await link.click();
+      await page.waitForFunction((n) => window.__report.renders > n, renders, { timeout });
+      out.revealed = await page.evaluate(([n, wasDrawn]) => {
+        const g = document.querySelector(`[data-node="${CSS.escape(n)}"]`);
+        return {
+          name: n,
+          was_drawn: wasDrawn,
+          drawn: Boolean(g),
+          selected: Boolean(g && g.classList.contains('selected')),
+          onscreen: Boolean(g && window.__onscreen(g)),
+          details: document.getElementById('details').innerText,
+        };
+      }, [name, wasDrawn]);
+      if (values.screenshot) {
+        await page.screenshot({ path: values.screenshot.replace(/\.png$/, '') + '-revealed.png' });
+      }
     }
   }
 } finally {
