@@ -350,3 +350,78 @@ def test_report_nodes_unit() -> None:
         else:
             assert not n.reason
     assert partitions and all(p.backend_id == "XnnpackBackend" for p in partitions)
+
+
+class _Cumsum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x * 2, 0)
+
+
+class _Sort(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x + 1)[0]
+
+
+@pytest.mark.slow
+def test_lowering_reasons_per_method_and_partitioner() -> None:
+    """Two methods, two partitioners (XNNPACK with only its add config, then all of XNNPACK):
+    each method's CPU nodes get the reasons of its own partition() calls, each prefixed with
+    the backend; a node the second partitioner took has none."""
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import AddConfig
+
+    from remote_partitioner.server import lowering
+
+    programs = {
+        "a": torch.export.export(_Cumsum(), (torch.randn(3, 3),), strict=True),
+        "b": torch.export.export(_Sort(), (torch.randn(3, 3),), strict=True),
+    }
+    methods, pte = lowering.lower(
+        programs, [XnnpackPartitioner(configs=[AddConfig]), XnnpackPartitioner()],
+        report_only=True,
+    )
+    assert pte is None
+    calls = {
+        m.method: {n.name: n for n in m.nodes if n.kind == "call_function"} for m in methods
+    }
+    derived = "XnnpackBackend: no XNNPACK config supports aten.{0}.default"
+    assert calls["a"]["aten_cumsum_default"].reason == "; ".join([derived.format("cumsum")] * 2)
+    assert calls["b"]["aten_sort_default"].reason == "; ".join([derived.format("sort")] * 2)
+    assert "aten_sort_default" not in calls["a"] and "aten_cumsum_default" not in calls["b"]
+    mul = calls["a"]["aten_mul_tensor"]  # refused by the first, taken by the second
+    assert mul.backend_id == "XnnpackBackend" and not mul.reason
+    add = calls["b"]["aten_add_tensor"]  # taken by the first
+    assert add.backend_id == "XnnpackBackend" and not add.reason
+    for m in methods:
+        assert {p.id for p in m.partitions} == {
+            n.partition for n in m.nodes if n.partition
+        }
+
+
+class _ArgmaxAll(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.argmax(x, None), x.sin() + 1
+
+
+@pytest.mark.slow
+def test_coreml_skip_messages_arrive_as_backend_log(server_address: str) -> None:
+    """Core ML logs each skip message once per partitioner; the capture still ties each to
+    its node, and the reason is made of the messages Core ML logged locally."""
+    from executorch.backends.apple.coreml.partition.coreml_partitioner import CoreMLPartitioner
+
+    ep = _edge(_ArgmaxAll(), (torch.randn(4, 4),))
+    logger_name = "executorch.backends.apple.coreml.partition.coreml_partitioner"
+    with _log_records(logger_name, logging.INFO) as records:
+        CoreMLPartitioner().partition(copy.deepcopy(ep))
+    logged = {m for _, m in records}
+
+    remote = RemotePartitioner(server_address, "coreml", timeout=600)
+    try:
+        remote.partition(copy.deepcopy(ep))
+        rejections = _by_name(remote.rejections)
+    finally:
+        remote.close()
+    argmax = rejections["aten_argmax_default"]
+    assert argmax.source == "backend_log"
+    parts = argmax.reason.split("; ")
+    assert parts and set(parts) <= logged, (parts, logged)
+    assert any("argmax" in p for p in parts)
