@@ -169,6 +169,19 @@ def test_the_hostile_page_renders_its_strings_as_text(browser: None, tmp_path: P
     assert drawn >= {"{{SCRIPT}}", "a</script><script>alert(1)</script>"}
 
 
+def test_every_method_gets_its_section(browser: None, tmp_path: Path) -> None:
+    """Two methods: both summarized, the first one's graph drawn (the second's when opened),
+    node names only unique within a method."""
+    second = json.loads(json.dumps(HOSTILE["methods"][0]))
+    second["method"] = "decode"
+    report = {"methods": [HOSTILE["methods"][0], second]}
+    write_report(tmp_path / "two.html", report, title="two methods")
+    seen = open_page(tmp_path / "two.html", tmp_path / "two.png")
+    assert_clean(seen)
+    assert "forward" in seen["text"] and "decode" in seen["text"]
+    assert seen["visible"] == [3, 0]
+
+
 def test_report_command_turns_json_into_the_page(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text(json.dumps(HOSTILE))
     done = subprocess.run(
