@@ -7,6 +7,7 @@
 #   make conformance  ExecuTorch's backend test suite, each hosted flow vs its remote twin
 #   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
 #                then the load figures (make bench-load: stalled streams, concurrent uploads)
+#   make bench-report  how long the llama2 delegation report page takes to open in Chromium
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +22,7 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load conformance clean distclean
+.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean
 
 venv: $(STAMP)
 
@@ -84,6 +85,10 @@ bench: venv
 # Throughput and latency with stalled streams, memory under concurrent uploads (~3 min).
 bench-load: venv
 	$(BIN)/python bench/load.py --json build/bench-load.json
+
+# The llama2 report page in headless Chromium (Debian's chromium): time until drawn (goal < 3 s).
+bench-report: venv node-client
+	$(BIN)/python bench/report_page.py --json build/bench-report.json
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

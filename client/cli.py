@@ -1,4 +1,5 @@
-"""Client commands of the ``remote-partitioner`` command line: ``list``, ``partition``, ``lower``.
+"""Client commands of the ``remote-partitioner`` command line: ``list``, ``partition``, ``lower``,
+and ``report`` (a delegation report's JSON -> its HTML page, offline).
 
 Exit codes: 0 success, 1 the server answered with an error, 2 usage error (bad arguments,
 unreadable files), 3 the server could not be reached.
@@ -17,14 +18,16 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from remote_partitioner.client import report
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
 from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
+from remote_partitioner.client.report_page import write_report
 from remote_partitioner.proto.transport import DEFAULT_ADDRESS
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-COMMANDS = ("list", "partition", "lower")
+COMMANDS = ("list", "partition", "lower", "report")
 #: The server the commands talk to unless ``--target`` says otherwise: where ``serve``
 #: listens by default.
 DEFAULT_TARGET = DEFAULT_ADDRESS
@@ -82,6 +85,15 @@ def add_commands(sub: Any) -> None:
         p.add_argument("--skip-ir-validity-check", action="store_true")
         if name == "lower":
             p.add_argument("-o", "--output", required=True, help="where to write the .pte")
+        p.add_argument("--report", metavar="REPORT.html",
+                       help="also write the delegation report as one self-contained HTML page")
+    p = sub.add_parser("report", help="turn a delegation report's JSON (partition/lower --json) "
+                       "into its HTML page, offline")
+    p.add_argument("report_json", metavar="REPORT.json",
+                   help="the JSON that `partition --json` or `lower --json` printed")
+    p.add_argument("-o", "--output", required=True, metavar="REPORT.html",
+                   help="where to write the page")
+    p.add_argument("--title", help="the page's title (default: the JSON file's name)")
 
 
 @contextmanager
@@ -109,8 +121,12 @@ def _client(args: argparse.Namespace) -> LowerClient:
     return LowerClient(args.target, credentials=credentials, token=token, timeout=args.timeout)
 
 
-def _print_report(report: pb.DelegationReport) -> None:
-    for m in report.methods:
+#: How many node names the text report shows per operator and reason.
+_NAMES_SHOWN = 3
+
+
+def _print_report(delegation: pb.DelegationReport) -> None:
+    for m in delegation.methods:
         delegated = sum(d.nodes for d in m.delegated)
         print(f"method {m.method}: {m.total_nodes} nodes, {delegated} delegated")
         for d in m.delegated:
@@ -119,9 +135,36 @@ def _print_report(report: pb.DelegationReport) -> None:
             print("  left on the CPU:")
             for op in m.cpu_ops:
                 print(f"    {op.count:5d}  {op.op}")
+        groups = report.cpu_nodes_by_op(m)
+        if groups:
+            print("  why:")
+        for op_name, nodes in groups:
+            by_reason: dict[str, list[str]] = {}
+            for name, reason in nodes:
+                by_reason.setdefault(reason, []).append(name)
+            for reason, names in by_reason.items():
+                shown = ", ".join(names[:_NAMES_SHOWN])
+                more = f" +{len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+                print(f"    {op_name}: {reason} ({shown}{more})")
+
+
+def _report_page(args: argparse.Namespace) -> int:
+    """``report``: the HTML page of a report saved as JSON; no server involved."""
+    try:
+        saved = json.loads(Path(args.report_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {args.report_json}: {e}") from e
+    if not isinstance(saved, dict) or not isinstance(saved.get("methods"), list):
+        raise UsageError(f"{args.report_json} holds no delegation report (no 'methods' list)")
+    title = args.title or f"Delegation report: {Path(args.report_json).name}"
+    write_report(args.output, saved, title=title)
+    print(f"wrote {args.output}")
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        return _report_page(args)
     with _client(args) as client:
         if args.command == "list":
             response = client.list_partitioners()
@@ -150,8 +193,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "lower":
             assert result.pte is not None
             Path(args.output).write_bytes(result.pte)
+        # The report as JSON: what --json prints and what the --report page shows.
+        as_dict = report.with_cpu_nodes(
+            result.report,
+            json_format.MessageToDict(result.report, preserving_proto_field_name=True),
+        )
+        if args.report:
+            title = f"Delegation report: {Path(args.model).name} ({', '.join(args.partitioner)})"
+            write_report(args.report, as_dict, title=title)
         if args.json:
-            out = json_format.MessageToDict(result.report, preserving_proto_field_name=True)
+            out = dict(as_dict)
             if args.command == "lower":
                 out["output"] = {"path": args.output, "bytes": len(result.pte or b"")}
             print(json.dumps(out, indent=2))
@@ -159,6 +210,8 @@ def _run(args: argparse.Namespace) -> int:
             _print_report(result.report)
             if args.command == "lower":
                 print(f"wrote {args.output} ({len(result.pte or b'')} bytes)")
+            if args.report:
+                print(f"wrote {args.report} (open it in a browser)")
         return EXIT_OK
 
 

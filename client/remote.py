@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
+from operator import getitem
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from executorch.exir.backend.partitioner import (
 )
 from torch.export import ExportedProgram
 
+from remote_partitioner.client import report
 from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import (
     AFFINITY_METADATA_KEY,
@@ -125,6 +127,12 @@ class RemotePartitioner(Partitioner):
             that failed with UNAVAILABLE (its replica went away) is made again, blobs included.
         memoize: answer a hook called again on the same, unchanged program object from the
             previous answer, without encoding it or calling the server (see ``stats``).
+
+    After each ``partition()``, ``rejections`` lists every call_function node the hosted
+    partitioner left untagged, with why (:class:`~remote_partitioner.client.report.Rejection`:
+    name, target, reason, source; the reason is never empty), and ``delegated`` maps each
+    backend id to what it took (:class:`~remote_partitioner.client.report.Delegated`:
+    partitions, nodes). Both describe the last call only.
     """
 
     def __init__(
@@ -166,6 +174,10 @@ class RemotePartitioner(Partitioner):
         self._info: pb.PartitionerInfo | None = None
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
+        #: The last partition()'s untagged call_function nodes and why (see the class doc).
+        self.rejections: list[report.Rejection] = []
+        #: The last partition()'s delegation by backend id (see the class doc).
+        self.delegated: dict[str, report.Delegated] = {}
         #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
         #: graphs (graph JSON and Program messages); hook calls answered from memory; hook
         #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
@@ -393,6 +405,8 @@ class RemotePartitioner(Partitioner):
         }
         for spec in partition_tags.values():
             self._ensure_backend(spec.backend_id)
+        self.rejections = report.rejections(response.rejections)
+        self.delegated = _delegated(nodes, response.tags, partition_tags)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
         )
@@ -491,6 +505,28 @@ class _RemoteFilter:
         if isinstance(answer, pb.RemoteException):
             raise remote_exception(answer.type, answer.message, answer.traceback)
         return answer
+
+
+def _delegated(
+    nodes: Mapping[tuple[str, str], torch.fx.Node],
+    tags: Sequence[pb.NodeTag],
+    partition_tags: Mapping[str, DelegationSpec],
+) -> dict[str, report.Delegated]:
+    """Per backend id: its tags, and its tagged call_function nodes (getitem excluded)."""
+    partitions: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for t in tags:
+        spec = partition_tags.get(t.tag)
+        if spec is None:
+            continue
+        partitions.setdefault(spec.backend_id, set()).add(t.tag)
+        node = nodes.get((t.node.graph, t.node.name))
+        if node is not None and node.op == "call_function" and node.target is not getitem:
+            counts[spec.backend_id] = counts.get(spec.backend_id, 0) + 1
+    return {
+        backend: report.Delegated(partitions=len(tags_), nodes=counts.get(backend, 0))
+        for backend, tags_ in sorted(partitions.items())
+    }
 
 
 def _nodes_by_ref(ep: ExportedProgram) -> dict[tuple[str, str], torch.fx.Node]:

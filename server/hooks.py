@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server import reasons
 
 DELEGATION_TAG = "delegation_tag"
 #: The traceback crosses in a trailer; keep its tail within gRPC's metadata limits.
@@ -68,14 +69,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def partition(partitioner: Partitioner, ep: ExportedProgram) -> pb.PartitionResponse:
-    """Run ``partition(ep)``; return its tags, partition tags and every other meta change.
+    """Run ``partition(ep)``; return its tags, partition tags and every other meta change,
+    and a reason for every call_function node left untagged (:mod:`.reasons`: what the
+    partitioner said during this call, or a derived reason).
 
     Raises:
         PartitionerRaised: the partitioner raised.
         codec.UnrepresentableMeta: it wrote a meta value that cannot cross; names node and key.
     """
     before = _meta_snapshot(ep)
-    result = _call(partitioner.partition, ep)
+    with reasons.capture() as said:
+        result = _call(partitioner.partition, ep)
     if not isinstance(result, PartitionResult):
         raise PartitionerRaised(
             TypeError(f"partition() returned {type(result).__name__}, not a PartitionResult")
@@ -114,6 +118,9 @@ def partition(partitioner: Partitioner, ep: ExportedProgram) -> pb.PartitionResp
                 )
             for key in old.keys() - node.meta.keys():
                 response.meta_updates.append(pb.MetaUpdate(node=ref, key=key, removed=True))
+    response.rejections.extend(
+        reasons.to_message(r) for r in reasons.rejections(partitioner, tagged, said)
+    )
     return response
 
 

@@ -214,6 +214,8 @@ def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
             entry.delegated.add(backend_id=backend, partitions=partitions, nodes=nodes)
         for op, count in sorted(m.cpu_ops.items(), key=lambda kv: (-kv[1], kv[0])):
             entry.cpu_ops.add(op=op, count=count)
+        entry.nodes.extend(m.nodes)
+        entry.partitions.extend(m.partitions)
     return out
 
 

@@ -28,6 +28,13 @@ class Hook(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOOK_PARTITION: _ClassVar[Hook]
     HOOK_OPS_TO_NOT_DECOMPOSE: _ClassVar[Hook]
     HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: _ClassVar[Hook]
+
+class RejectionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REJECTION_SOURCE_UNSPECIFIED: _ClassVar[RejectionSource]
+    REJECTION_SOURCE_PARTITIONER: _ClassVar[RejectionSource]
+    REJECTION_SOURCE_BACKEND_LOG: _ClassVar[RejectionSource]
+    REJECTION_SOURCE_DERIVED: _ClassVar[RejectionSource]
 SPEC_TYPE_UNSPECIFIED: SpecType
 SPEC_TYPE_BOOL: SpecType
 SPEC_TYPE_INT: SpecType
@@ -41,6 +48,10 @@ HOOK_UNSPECIFIED: Hook
 HOOK_PARTITION: Hook
 HOOK_OPS_TO_NOT_DECOMPOSE: Hook
 HOOK_TRANSFORM_FOR_PRE_DECOMPOSITION: Hook
+REJECTION_SOURCE_UNSPECIFIED: RejectionSource
+REJECTION_SOURCE_PARTITIONER: RejectionSource
+REJECTION_SOURCE_BACKEND_LOG: RejectionSource
+REJECTION_SOURCE_DERIVED: RejectionSource
 
 class Digest(_message.Message):
     __slots__ = ("hash", "size_bytes")
@@ -397,16 +408,18 @@ class PartitionRequest(_message.Message):
     def __init__(self, partitioner: _Optional[_Union[PartitionerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class PartitionResponse(_message.Message):
-    __slots__ = ("tags", "partition_tags", "meta_updates", "rng_state")
+    __slots__ = ("tags", "partition_tags", "meta_updates", "rng_state", "rejections")
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_TAGS_FIELD_NUMBER: _ClassVar[int]
     META_UPDATES_FIELD_NUMBER: _ClassVar[int]
     RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.RepeatedCompositeFieldContainer[NodeTag]
     partition_tags: _containers.RepeatedCompositeFieldContainer[PartitionTag]
     meta_updates: _containers.RepeatedCompositeFieldContainer[MetaUpdate]
     rng_state: bytes
-    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Iterable[_Union[PartitionTag, _Mapping]]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
+    rejections: _containers.RepeatedCompositeFieldContainer[NodeRejection]
+    def __init__(self, tags: _Optional[_Iterable[_Union[NodeTag, _Mapping]]] = ..., partition_tags: _Optional[_Iterable[_Union[PartitionTag, _Mapping]]] = ..., meta_updates: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ..., rng_state: _Optional[bytes] = ..., rejections: _Optional[_Iterable[_Union[NodeRejection, _Mapping]]] = ...) -> None: ...
 
 class PartitionTag(_message.Message):
     __slots__ = ("tag", "delegation_spec")
@@ -509,16 +522,20 @@ class OperatorCount(_message.Message):
     def __init__(self, op: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class MethodReport(_message.Message):
-    __slots__ = ("method", "total_nodes", "delegated", "cpu_ops")
+    __slots__ = ("method", "total_nodes", "delegated", "cpu_ops", "nodes", "partitions")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NODES_FIELD_NUMBER: _ClassVar[int]
     DELEGATED_FIELD_NUMBER: _ClassVar[int]
     CPU_OPS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     method: str
     total_nodes: int
     delegated: _containers.RepeatedCompositeFieldContainer[BackendDelegation]
     cpu_ops: _containers.RepeatedCompositeFieldContainer[OperatorCount]
-    def __init__(self, method: _Optional[str] = ..., total_nodes: _Optional[int] = ..., delegated: _Optional[_Iterable[_Union[BackendDelegation, _Mapping]]] = ..., cpu_ops: _Optional[_Iterable[_Union[OperatorCount, _Mapping]]] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[ReportNode]
+    partitions: _containers.RepeatedCompositeFieldContainer[ReportPartition]
+    def __init__(self, method: _Optional[str] = ..., total_nodes: _Optional[int] = ..., delegated: _Optional[_Iterable[_Union[BackendDelegation, _Mapping]]] = ..., cpu_ops: _Optional[_Iterable[_Union[OperatorCount, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[ReportNode, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[ReportPartition, _Mapping]]] = ...) -> None: ...
 
 class DelegationReport(_message.Message):
     __slots__ = ("methods",)
@@ -537,3 +554,59 @@ class LowerResponse(_message.Message):
     offset: int
     data: bytes
     def __init__(self, report: _Optional[_Union[DelegationReport, _Mapping]] = ..., pte: _Optional[_Union[Digest, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class NodeRejection(_message.Message):
+    __slots__ = ("node", "target", "reason", "source")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeRef
+    target: str
+    reason: str
+    source: RejectionSource
+    def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., target: _Optional[str] = ..., reason: _Optional[str] = ..., source: _Optional[_Union[RejectionSource, str]] = ...) -> None: ...
+
+class ModuleScope(_message.Message):
+    __slots__ = ("path", "type")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    type: str
+    def __init__(self, path: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class ReportNode(_message.Message):
+    __slots__ = ("name", "op", "kind", "inputs", "backend_id", "partition", "shapes", "stack_trace", "module_stack", "reason", "reason_source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SHAPES_FIELD_NUMBER: _ClassVar[int]
+    STACK_TRACE_FIELD_NUMBER: _ClassVar[int]
+    MODULE_STACK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REASON_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    op: str
+    kind: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    backend_id: str
+    partition: str
+    shapes: str
+    stack_trace: str
+    module_stack: _containers.RepeatedCompositeFieldContainer[ModuleScope]
+    reason: str
+    reason_source: RejectionSource
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[str] = ..., kind: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., backend_id: _Optional[str] = ..., partition: _Optional[str] = ..., shapes: _Optional[str] = ..., stack_trace: _Optional[str] = ..., module_stack: _Optional[_Iterable[_Union[ModuleScope, _Mapping]]] = ..., reason: _Optional[str] = ..., reason_source: _Optional[_Union[RejectionSource, str]] = ...) -> None: ...
+
+class ReportPartition(_message.Message):
+    __slots__ = ("id", "backend_id", "nodes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    backend_id: str
+    nodes: int
+    def __init__(self, id: _Optional[str] = ..., backend_id: _Optional[str] = ..., nodes: _Optional[int] = ...) -> None: ...

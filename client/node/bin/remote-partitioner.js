@@ -12,6 +12,7 @@ import {
   RpcError,
   parseSpec,
   readToken,
+  reportToJson,
   specValueToJs,
 } from '../lib/client.js';
 
@@ -19,8 +20,8 @@ const USAGE = `usage:
   remote-partitioner list  --target HOST:PORT [common options]
   remote-partitioner lower MODEL.pt2 -o OUT.pte --partitioner NAME [--spec KEY=VALUE ...]
                            [--partitioner NAME [--spec KEY=VALUE ...] ...]
-                           [--report-only] [--skip-ir-validity-check] --target HOST:PORT
-                           [common options]
+                           [--report-only] [--skip-ir-validity-check]
+                           [--report-json REPORT.json] --target HOST:PORT [common options]
 
 common options:
   --target HOST:PORT     the server (any gRPC target: host:port, dns:///name:port, ...)
@@ -33,6 +34,9 @@ common options:
   --request-id ID        x-request-id sent with every call (default: a fresh one)
   --json                 print JSON on stdout (errors too)
   -h, --help             this text
+
+--report-json FILE writes the delegation report as JSON (the shape Python's MessageToDict
+gives); \`remote-partitioner report FILE -o report.html\` (Python CLI) turns it into the page.
 
 --spec KEY=VALUE belongs to the --partitioner before it (with one --partitioner, to it). VALUE
 "true"/"false" (any case) is a bool, an integer an int, a number with "." or an exponent (or
@@ -61,6 +65,7 @@ const LOWER = {
   spec: { type: 'string', multiple: true },
   'report-only': { type: 'boolean' },
   'skip-ir-validity-check': { type: 'boolean' },
+  'report-json': { type: 'string' },
 };
 
 const usage = (message) => new ClientError(message, 2);
@@ -242,6 +247,13 @@ async function lower(argv) {
         skip_ir_validity_check: Boolean(values['skip-ir-validity-check']),
       },
     );
+    if (values['report-json']) {
+      try {
+        fs.writeFileSync(values['report-json'], `${JSON.stringify(reportToJson(report), null, 2)}\n`);
+      } catch (e) {
+        throw new ClientError(`cannot write --report-json: ${e.message}`, 1);
+      }
+    }
     if (values.json) {
       print(JSON.stringify({
         output: pte ? values.output : null,

@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
+import protobuf from 'protobufjs';
 
 import { describeError } from './status.js';
 
@@ -46,6 +47,51 @@ export const LOADER_OPTIONS = Object.freeze({
 });
 
 let service = null;
+let reportType = null;
+
+/**
+ * A DelegationReport (as the client received it) as the JSON that Python's
+ * `json_format.MessageToDict(report, preserving_proto_field_name=True)` gives: proto field
+ * names, default values left out, int64 as decimal strings, enums by name. Fields this copy of
+ * the .proto declares all come along (per-node data included when the server sends it), so
+ * `remote-partitioner report REPORT.json -o REPORT.html` (Python) can turn it into the page.
+ */
+export function reportToJson(report) {
+  if (reportType === null) {
+    const root = new protobuf.Root();
+    root.loadSync(PROTO_PATH, { keepCase: true });
+    reportType = root.lookupType('remote_partitioner.v1.DelegationReport');
+  }
+  const message = reportType.fromObject(report ?? {});
+  const object = reportType.toObject(message, {
+    longs: String, enums: String, bytes: String, defaults: false, arrays: false, objects: false,
+    oneofs: false, json: true,
+  });
+  return withoutDefaults(reportType, object);
+}
+
+/** `object` (of message `type`) without the proto3 default values MessageToDict leaves out. */
+function withoutDefaults(type, object) {
+  for (const field of type.fieldsArray) {
+    const value = object[field.name];
+    if (value === undefined) continue;
+    const sub = field.resolvedType instanceof protobuf.Type ? field.resolvedType : null;
+    if (field.repeated) {
+      if (value.length === 0) delete object[field.name];
+      else if (sub) value.forEach((v) => withoutDefaults(sub, v));
+    } else if (sub) {
+      if (value !== null) withoutDefaults(sub, value);
+    } else {
+      const zeroEnum = field.resolvedType instanceof protobuf.Enum
+        && field.resolvedType.values[value] === 0;
+      if (value === 0 || value === '0' || value === '' || value === false || value === null
+          || zeroEnum) {
+        delete object[field.name];
+      }
+    }
+  }
+  return object;
+}
 
 /** The generated service constructor of remote_partitioner.v1.RemotePartitioner. */
 export function serviceConstructor() {

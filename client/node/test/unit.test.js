@@ -8,7 +8,7 @@ import grpc from '@grpc/grpc-js';
 import protobuf from 'protobufjs';
 
 import {
-  ClientError, digestOf, parseSpec, parseSpecValue, serviceConstructor,
+  ClientError, digestOf, parseSpec, parseSpecValue, reportToJson, serviceConstructor,
 } from '../lib/client.js';
 import { describeError } from '../lib/status.js';
 
@@ -102,4 +102,21 @@ test('status details: ErrorInfo, RetryInfo and BadRequest are decoded', () => {
   const bare = describeError({ code: 14, details: 'down', metadata: new grpc.Metadata() });
   assert.equal(bare.code_name, 'UNAVAILABLE');
   assert.equal(bare.reason, null);
+});
+
+test('reportToJson: the shape of MessageToDict (defaults left out, int64 as strings)', () => {
+  const report = {
+    methods: [{
+      method: 'forward', total_nodes: 12, cpu_ops: [],
+      delegated: [{ backend_id: 'XnnpackBackend', partitions: 2, nodes: 5 }],
+    }, { method: 'empty', total_nodes: 0, delegated: [], cpu_ops: [] }],
+  };
+  assert.deepEqual(reportToJson(report), {
+    methods: [
+      { method: 'forward', total_nodes: '12',
+        delegated: [{ backend_id: 'XnnpackBackend', partitions: '2', nodes: '5' }] },
+      { method: 'empty' },
+    ],
+  });
+  assert.deepEqual(reportToJson(null), {});
 });

@@ -1,0 +1,352 @@
+"""The delegation report page (client/report_page.py): one self-contained HTML file, checked in a
+real browser. Debian's Chromium, driven headless by playwright-core through
+``client/node/tools/report-page.mjs``, opens the file:// page; the tests assert on what it
+rendered: the CPU nodes and their reasons, every partition in its backend's colour, no console
+error, no request of any kind. The reports come from real lowerings (tests/report_inputs.py);
+the screenshots are left in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remote_partitioner.client.report_page import backend_colour, render_html, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "client" / "node"
+TOOL = NODE_DIR / "tools" / "report-page.mjs"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _rgb(hex_colour: str) -> str:
+    """``#rrggbb`` as the browser's computed style writes it."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+@pytest.fixture(scope="module")
+def browser() -> None:
+    """Chromium and playwright-core are there; skipped only outside CI (in CI they must be)."""
+    missing = []
+    if not Path(CHROMIUM).exists():
+        missing.append(f"{CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    if shutil.which("node") is None:
+        missing.append("node")
+    if not (NODE_DIR / "node_modules" / "playwright-core").is_dir():
+        missing.append("client/node/node_modules/playwright-core (make node-client)")
+    if missing:
+        if IN_CI:
+            pytest.fail(f"CI=true but missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+
+
+def open_page(
+    page: Path, shots: Path, *, expand: bool = False, reveal: bool = False
+) -> dict[str, Any]:
+    """Open ``page`` in headless Chromium; what it rendered (see report-page.mjs)."""
+    args = ["node", str(TOOL), str(page), "--screenshot", str(shots)]
+    if expand:
+        args.append("--expand")
+    if reveal:
+        args.append("--reveal")
+    done = subprocess.run(args, cwd=NODE_DIR, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return seen
+
+
+def assert_clean(seen: dict[str, Any]) -> None:
+    assert seen["console_errors"] == []
+    assert seen["page_errors"] == []
+    assert seen["requests"] == [], "the page must fetch nothing"
+
+
+def assert_colours(seen: dict[str, Any], report: dict[str, Any]) -> None:
+    """Every delegated node is drawn in its backend's colour, the legend's too; CPU nodes are
+    marked as such and drawn in no backend's colour."""
+    backends = {d["backend_id"] for m in report["methods"] for d in m.get("delegated", [])}
+    assert backends and set(seen["legend"]) == backends
+    for b in backends:
+        assert seen["legend"][b] == _rgb(backend_colour(b))
+    delegated = [n for n in seen["nodes"] if n["backend"]]
+    assert delegated
+    for n in delegated:
+        assert n["fill"] == _rgb(backend_colour(n["backend"])), n
+        assert n["partition"], n
+    by_name = {n["name"]: n for m in report["methods"] for n in m.get("nodes", [])}
+    colours = {_rgb(backend_colour(b)) for b in backends}
+    for n in seen["nodes"]:
+        assert bool(n["backend"]) == bool(by_name[n["name"]].get("backend_id")), n
+        if n["cpu"]:
+            assert n["fill"] not in colours and not by_name[n["name"]].get("backend_id")
+
+
+# ----------------------------------------------------------------------------- the file itself
+
+
+def test_the_vendored_dagre_is_the_pinned_npm_package() -> None:
+    """One source of truth: client/report_assets/dagre.min.js is the file npm installs from
+    the version package-lock.json pins."""
+    vendored = ROOT / "client" / "report_assets" / "dagre.min.js"
+    installed = NODE_DIR / "node_modules" / "@dagrejs" / "dagre" / "dist" / "dagre.min.js"
+    lock = json.loads((NODE_DIR / "package-lock.json").read_text())
+    pinned = lock["packages"]["node_modules/@dagrejs/dagre"]["version"]
+    package = json.loads((NODE_DIR / "package.json").read_text())
+    assert package["devDependencies"]["@dagrejs/dagre"] == pinned
+    if not installed.exists():
+        if IN_CI:
+            pytest.fail("client/node/node_modules is missing (make node-client)")
+        pytest.skip("make node-client has not run")
+    installed_version = json.loads(installed.parent.parent.joinpath("package.json").read_text())
+    assert installed_version["version"] == pinned
+    assert hashlib.sha256(vendored.read_bytes()).hexdigest() == hashlib.sha256(
+        installed.read_bytes()
+    ).hexdigest()
+
+
+HOSTILE: dict[str, Any] = {
+    "methods": [{
+        "method": "forward",
+        "total_nodes": 2,
+        "delegated": [{"backend_id": "XnnpackBackend", "partitions": 1, "nodes": 1}],
+        "cpu_ops": [{"op": "aten.cumsum.default", "count": 1}],
+        "nodes": [
+            {"name": "x", "op": "placeholder", "kind": "placeholder", "shapes": "f32[2]"},
+            {"name": "a</script><script>alert(1)</script>", "op": "aten.relu.default",
+             "kind": "call_function", "inputs": ["x"], "backend_id": "XnnpackBackend",
+             "partition": "tag0"},
+            {"name": "{{SCRIPT}}", "op": "aten.cumsum.default", "kind": "call_function",
+             "inputs": ["a</script><script>alert(1)</script>"],
+             "reason": "<img src=x onerror=alert(1)> & {{DATA}}",
+             "reason_source": "REJECTION_SOURCE_DERIVED"},
+        ],
+    }],
+}
+
+
+def test_the_page_is_self_contained_and_its_scripts_are_pinned_by_hash() -> None:
+    page = render_html(HOSTILE, title="<b>t</b>")
+    assert "<title>&lt;b&gt;t&lt;/b&gt;</title>" in page
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert csp is not None
+    policy = html.unescape(csp.group(1))
+    assert "default-src 'none'" in policy and "unsafe-inline" not in policy.split("script-src")[1]
+    scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.DOTALL)
+    assert len(scripts) == 2  # dagre, the page; the data is JSON, not a script
+    for s in scripts:
+        digest = hashlib.sha256(s.encode()).digest()
+        assert f"'sha256-{base64.b64encode(digest).decode()}'" in policy
+    # Nothing points outside the file, no source map either.
+    assert not re.search(r'\b(src|href)\s*=\s*["\']?(https?:|//)', page)
+    assert "sourceMappingURL" not in page
+    # The hostile strings stay inside the JSON block, whole, and come back out of it.
+    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page,
+                     flags=re.DOTALL)
+    assert data is not None
+    assert json.loads(data.group(1))["report"] == HOSTILE
+    assert page.count("<script") == 3
+
+
+def test_the_hostile_page_renders_its_strings_as_text(browser: None, tmp_path: Path) -> None:
+    write_report(tmp_path / "hostile.html", HOSTILE, title="hostile")
+    seen = open_page(tmp_path / "hostile.html", tmp_path / "hostile.png")
+    assert_clean(seen)
+    assert "<img src=x onerror=alert(1)> & {{DATA}}" in seen["text"]
+    drawn = {n["name"] for n in seen["nodes"]}
+    assert drawn >= {"{{SCRIPT}}", "a</script><script>alert(1)</script>"}
+
+
+def test_every_method_gets_its_section(browser: None, tmp_path: Path) -> None:
+    """Two methods: both summarized, the first one's graph drawn (the second's when opened),
+    node names only unique within a method."""
+    second = json.loads(json.dumps(HOSTILE["methods"][0]))
+    second["method"] = "decode"
+    report = {"methods": [HOSTILE["methods"][0], second]}
+    write_report(tmp_path / "two.html", report, title="two methods")
+    seen = open_page(tmp_path / "two.html", tmp_path / "two.png")
+    assert_clean(seen)
+    assert "forward" in seen["text"] and "decode" in seen["text"]
+    assert seen["visible"] == [3, 0]
+
+
+def test_report_command_turns_json_into_the_page(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(HOSTILE))
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "r.json"),
+         "-o", str(tmp_path / "r.html"), "--title", "T"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").read_text() == render_html(HOSTILE, title="T")
+    (tmp_path / "bad.json").write_text('{"not": "a report"}')
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "bad.json"),
+         "-o", str(tmp_path / "bad.html")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2 and "no delegation report" in done.stderr
+
+
+# --------------------------------------------------------------------- pages of real lowerings
+
+
+@pytest.fixture(scope="module")
+def small_report() -> dict[str, Any]:
+    from report_inputs import small_report
+
+    return small_report()
+
+
+@pytest.mark.slow
+def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path: Path) -> None:
+    method = small_report["methods"][0]
+    cpu = [n for n in method["nodes"] if n.get("reason")]
+    assert cpu, "the small model must leave nodes on the CPU"
+    write_report(tmp_path / "small.html", small_report, title="small model")
+    seen = open_page(tmp_path / "small.html", tmp_path / "small.png", reveal=True)
+    assert_clean(seen)
+    assert_colours(seen, small_report)
+    # Every CPU node is explained on the page: its name, operator and reason, and it is drawn.
+    for n in cpu:
+        assert n["name"] in seen["text"] and n["op"] in seen["text"] and n["reason"] in seen["text"]
+    drawn_cpu = {n["name"] for n in seen["nodes"] if n["cpu"]}
+    assert drawn_cpu == {n["name"] for n in cpu}
+    assert seen["revealed"]["selected"] and seen["revealed"]["name"] in {n["name"] for n in cpu}
+    # The summary: nodes and partitions per backend.
+    for d in method["delegated"]:
+        assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
+    # Small enough to draw whole: every module open, every non-weight node drawn.
+    assert seen["clusters"] == []
+    assert len(seen["nodes"]) == sum(
+        1 for n in method["nodes"] if not re.match(r"^(p|b|c)_", n["name"])
+    )
+
+
+@pytest.mark.slow
+def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path) -> None:
+    """ExecuTorch's llama2 example at 32 layers (about 3,800 nodes): the page opens with the
+    layers collapsed, explains every CPU node, and a click opens a module (its time to open is
+    a bench figure: make bench-report)."""
+    from report_inputs import llama2_report
+
+    report = llama2_report()
+    method = report["methods"][0]
+    assert len(method["nodes"]) > 3000
+    write_report(tmp_path / "llama2.html", report, title="llama2")
+    seen = open_page(tmp_path / "llama2.html", tmp_path / "llama2.png", expand=True, reveal=True)
+    assert_clean(seen)
+    assert_colours(seen, report)
+    assert 0 < seen["visible"][0] <= 160, "the first drawing must stay small"
+    assert len(seen["clusters"]) >= 32  # the transformer blocks, collapsed
+    # Every CPU node is named on the page (past the first few of an operator and reason, in a
+    # folded "N more"), every reason and operator is in plain sight.
+    for n in method["nodes"]:
+        if n.get("reason"):
+            assert n["name"] in seen["all_text"]
+            assert n["reason"] in seen["text"] and n["op"] in seen["text"]
+    # A CPU node's name in the list opens the graph on it, inside its collapsed layer.
+    revealed = seen["revealed"]
+    assert not revealed["was_drawn"]
+    assert revealed["drawn"] and revealed["selected"] and revealed["onscreen"], revealed
+    assert revealed["name"] in revealed["details"] and "reason" in revealed["details"]
+    opened = seen["expanded"]
+    assert not opened["still_collapsed"]
+    assert opened["visible_after"][0] > opened["visible_before"][0]
+    assert opened["onscreen_after"] > 0, "the opened module's nodes are on screen"
+    assert "operator" in opened["details"] and "module stack" in opened["details"]
+
+
+@pytest.fixture(scope="module")
+def small_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/report_inputs.SmallModel as a PT2 archive (``torch.export.save``)."""
+    import torch
+    from report_inputs import SmallModel
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("report_page") / "small.pt2"
+    ep = torch.export.export(SmallModel().eval(), (torch.randn(2, 8),), strict=False)
+    torch.export.save(ep, path)
+    return path
+
+
+@pytest.mark.slow
+def test_lower_writes_the_report_page(
+    browser: None, server_address: str, small_archive: Path, tmp_path: Path
+) -> None:
+    """``remote-partitioner lower X.pt2 -o Y.pte --report R.html`` against a real server; the
+    Node client's ``--report-json`` gives the same report, which ``report`` turns into a page."""
+    page = tmp_path / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "lower", str(small_archive),
+         "-o", str(tmp_path / "m.pte"), "--report", str(page), "--partitioner", "xnnpack",
+         "--target", server_address, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    printed = json.loads(done.stdout)
+    printed.pop("output")
+    shown = json.loads(re.search(  # type: ignore[union-attr]
+        r'<script type="application/json" id="report-data">(.*?)</script>', page.read_text(),
+        flags=re.DOTALL).group(1))
+    assert shown["report"] == printed
+    seen = open_page(page, tmp_path / "lowered.png")
+    assert_clean(seen)
+    method = printed["methods"][0]
+    for d in method["delegated"]:
+        assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
+    for op in method["cpu_ops"]:
+        assert op["op"] in seen["text"]
+    if method.get("nodes"):  # a server that sends per-node data: the page explains every CPU node
+        assert_colours(seen, printed)
+        for n in method["nodes"]:
+            cpu = n.get("kind") == "call_function" and not n.get("backend_id")
+            if cpu and "getitem" not in n["op"]:
+                assert n["name"] in seen["text"] and n.get("reason") and n["reason"] in seen["text"]
+
+    # partition --report: the same report, no .pte.
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "partition", str(small_archive),
+         "--report", str(tmp_path / "partition.html"), "--partitioner", "xnnpack",
+         "--target", server_address],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"wrote {tmp_path / 'partition.html'}" in done.stdout
+    shown = json.loads(re.search(  # type: ignore[union-attr]
+        r'<script type="application/json" id="report-data">(.*?)</script>',
+        (tmp_path / "partition.html").read_text(), flags=re.DOTALL).group(1))
+    assert shown["report"] == printed
+
+    if shutil.which("node") is None:
+        return
+    node_json = tmp_path / "node-report.json"
+    node = subprocess.run(
+        ["node", "bin/remote-partitioner.js", "lower", str(small_archive), "-o",
+         str(tmp_path / "node.pte"), "--partitioner", "xnnpack", "--target", server_address,
+         "--report-json", str(node_json)],
+        cwd=NODE_DIR, capture_output=True, text=True, timeout=600,
+    )
+    assert node.returncode == 0, node.stderr[-4000:]
+    # The same report; cpu_nodes is the Python CLI's own summary of nodes, not a wire field.
+    wire = {"methods": [{k: v for k, v in m.items() if k != "cpu_nodes"}
+                        for m in printed["methods"]]}
+    assert json.loads(node_json.read_text()) == wire
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(node_json), "-o",
+         str(tmp_path / "node.html")], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert_clean(open_page(tmp_path / "node.html", tmp_path / "node.png"))
