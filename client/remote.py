@@ -596,6 +596,38 @@ class RemotePartitioner(Partitioner):
         return codec.decode_program(response.program, blob)
 
 
+def to_backend_remotely(
+    server: RemotePartitioner | str,
+    backend_id: str,
+    edge_program: ExportedProgram,
+    compile_specs: Sequence[CompileSpec],
+    **options: Any,
+) -> Any:
+    """Whole-program lowering with the preprocess on the server: what
+    ``executorch.exir.backend.backend_api.to_backend(backend_id, edge_program, compile_specs)``
+    returns (a ``LoweredBackendModule``), in a process that need not import the backend.
+
+    Args:
+        server: a ``RemotePartitioner`` whose connection to use, or a target string (then
+            ``options`` are ``RemotePartitioner``'s keyword arguments: ``timeout``, ``token``,
+            ``credentials``, ...).
+        backend_id: the backend, e.g. ``"XnnpackBackend"``; the server must host it
+            (``ListPartitionersResponse.backends``), else ``RemotePartitionerError`` with
+            reason ``UNKNOWN_BACKEND`` naming the hosted ids.
+        edge_program: an Edge-dialect program.
+        compile_specs: the backend's compile specs.
+    """
+    from executorch.exir.backend.backend_api import to_backend
+
+    client = server if isinstance(server, RemotePartitioner) else RemotePartitioner(
+        server, "", **options
+    )
+    client._check_hosted_backend(backend_id)
+    preprocess_routes.install(backend_id, None, wrap_real=True)
+    with preprocess_routes.scoped_route(backend_id, client):
+        return to_backend(backend_id, edge_program, list(compile_specs))
+
+
 def _apply_rng_state(response: Any) -> None:
     """Set this process's CPU generator to the state the remote hook left, if it drew."""
     if response.rng_state:

@@ -1,0 +1,357 @@
+"""Preprocess on the server: a client process that cannot import any backend package lowers
+through ``RemotePartitioner`` and gets the local ``.pte`` (Core ML: normalized).
+
+Each test saves exported programs with ``torch.export.save``, lowers them in a subprocess whose
+import system refuses ``executorch.backends.xnnpack*``, ``executorch.backends.vulkan*``,
+``executorch.backends.apple*`` and ``coremltools*`` (a ``sys.meta_path`` finder raising
+``ModuleNotFoundError``), and compares its ``.pte`` with a local lowering of the same programs
+in this process, against the session's real server.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import to_edge, to_edge_transform_and_lower
+from torch.export import Dim, ExportedProgram, export
+
+from remote_partitioner.client import RemotePartitioner, to_backend_remotely
+from remote_partitioner.client.errors import RemotePartitionerError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from conformance import normalize_coreml
+
+slow = pytest.mark.slow
+
+#: Prepended to the client script: no backend package can be imported after it.
+BLOCK_BACKENDS = textwrap.dedent("""
+    import importlib.abc, sys
+    _BLOCKED = ("executorch.backends.xnnpack", "executorch.backends.vulkan",
+                "executorch.backends.apple", "coremltools")
+
+    class _Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if any(name == b or name.startswith(b + ".") for b in _BLOCKED):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+            return None
+
+    sys.meta_path.insert(0, _Block())
+""")
+
+CLIENT = BLOCK_BACKENDS + textwrap.dedent("""
+    import json, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+    from remote_partitioner.client import RemotePartitioner
+
+    target, name, flow, out, *files = sys.argv[1:]
+    programs = {}
+    for f in files:
+        method, path = f.split("=", 1)
+        programs[method] = torch.export.load(path)
+    remote = RemotePartitioner(target, name, timeout=900)
+    if flow == "to_backend":
+        edge = to_edge(programs).to_backend(remote)
+    else:
+        edge = to_edge_transform_and_lower(programs, partitioner=[remote])
+    with open(out, "wb") as fh:
+        fh.write(edge.to_executorch().buffer)
+    loaded = sorted(m for m in sys.modules if m.startswith(_BLOCKED))
+    print(json.dumps({"stats": remote.stats, "backends_loaded": loaded}))
+""")
+
+
+def _local_partitioner(name: str) -> Any:
+    if name == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return XnnpackPartitioner()
+    if name == "vulkan":
+        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+        return VulkanPartitioner()
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    return CoreMLPartitioner()
+
+
+def _lower_blocked(
+    tmp_path: Path, target: str, name: str, programs: dict[str, ExportedProgram],
+    flow: str = "transform_and_lower",
+) -> tuple[bytes, bytes, dict[str, Any]]:
+    """(remote .pte from a process without backends, local .pte from this one, client
+    report)."""
+    import json
+
+    files = []
+    for method, ep in programs.items():
+        path = tmp_path / f"{method}.pt2"
+        torch.export.save(ep, path)
+        files.append(f"{method}={path}")
+    out = tmp_path / "remote.pte"
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT, target, name, flow, str(out), *files],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["backends_loaded"] == [], report["backends_loaded"]
+    loaded = {m: torch.export.load(tmp_path / f"{m}.pt2") for m in programs}
+    local = _local_partitioner(name)
+    if flow == "to_backend":
+        edge = to_edge(loaded).to_backend(local)
+    else:
+        edge = to_edge_transform_and_lower(loaded, partitioner=[local])
+    assert any(
+        "executorch_call_delegate" in str(n.target)
+        for m in edge.methods for n in edge.exported_program(m).graph.nodes
+    ), "nothing was delegated: the comparison would prove little"
+    return out.read_bytes(), edge.to_executorch().buffer, report
+
+
+# ------------------------------------------------------------------ models
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)) * 2.0
+
+
+class _Cond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("offset", torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def true_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+            return torch.sin(x) * 2 + offset
+
+        def false_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+            return torch.cos(x) - offset
+
+        return self.fc(torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.offset)))
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+class _Head(torch.nn.Module):
+    """Two methods sharing one weight: forward and a second head on the same linear."""
+
+    def __init__(self, fc: torch.nn.Linear, scale: float) -> None:
+        super().__init__()
+        self.fc = fc
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x)) * self.scale
+
+
+def fp32() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    return {"forward": export(_Mlp().eval(), (torch.randn(3, 16),), strict=True)}
+
+
+def conv() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    return {"forward": export(_Conv().eval(), (torch.randn(1, 3, 8, 8),), strict=True)}
+
+
+def dynamic() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    batch = Dim("batch", min=1, max=32)
+    return {"forward": export(
+        _Mlp().eval(), (torch.randn(4, 16),), dynamic_shapes=({0: batch},), strict=True
+    )}
+
+
+def multi_method() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(16, 16)
+    x = (torch.randn(2, 16),)
+    return {
+        "forward": export(_Head(fc, 1.0).eval(), x, strict=True),
+        "second": export(_Head(fc, 2.0).eval(), x, strict=True),
+    }
+
+
+def cond() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    return {"forward": export(_Cond().eval(), (torch.randn(2, 4),), strict=True)}
+
+
+def tied() -> dict[str, ExportedProgram]:
+    torch.manual_seed(0)
+    return {"forward": export(_Tied().eval(), (torch.randint(0, 64, (2, 5)),), strict=True)}
+
+
+def quantized() -> dict[str, ExportedProgram]:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6 * 6, 10),
+    ).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = prepare_pt2e(export(model, inputs, strict=True).module(), quantizer)
+    prepared(*inputs)
+    return {"forward": export(convert_pt2e(prepared), inputs, strict=True)}
+
+
+MODELS = {
+    "fp32": fp32, "conv": conv, "dynamic": dynamic, "multi_method": multi_method,
+    "cond": cond, "tied": tied, "quantized": quantized,
+}
+FAST = {("xnnpack", "fp32")}
+
+
+def _cases(backends: tuple[str, ...], models: tuple[str, ...]) -> list[Any]:
+    return [
+        pytest.param(b, m, marks=() if (b, m) in FAST else slow, id=f"{b}-{m}")
+        for b in backends for m in models
+    ]
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize(("backend", "model"), [
+    *_cases(("xnnpack",), tuple(MODELS)),
+    *_cases(("vulkan",), ("fp32", "conv", "dynamic", "multi_method", "tied")),
+])
+def test_process_without_backends_gets_the_local_pte(
+    backend: str, model: str, server_address: str, tmp_path: Path
+) -> None:
+    remote, local, report = _lower_blocked(tmp_path, server_address, backend, MODELS[model]())
+    assert remote == local, f"remote .pte ({len(remote)} B) differs from local ({len(local)} B)"
+    assert report["stats"]["preprocess_calls"] >= 1
+
+
+@slow
+def test_coreml_normalized(server_address: str, tmp_path: Path) -> None:
+    remote, local, _ = _lower_blocked(tmp_path, server_address, "coreml", conv())
+    assert normalize_coreml(remote) == normalize_coreml(local)
+
+
+@slow
+def test_to_backend_flow(server_address: str, tmp_path: Path) -> None:
+    remote, local, _ = _lower_blocked(
+        tmp_path, server_address, "xnnpack", multi_method(), flow="to_backend"
+    )
+    assert remote == local
+
+
+def test_remote_preprocess_when_the_backend_is_importable(server_address: str) -> None:
+    """``remote_preprocess=True`` runs preprocess on the server although the backend imports
+    here; a local lowering afterwards in the same process still runs locally."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    programs = fp32()
+    local = to_edge_transform_and_lower(
+        copy.deepcopy(programs), partitioner=[XnnpackPartitioner()]
+    ).to_executorch().buffer
+    remote = RemotePartitioner(server_address, "xnnpack", remote_preprocess=True, timeout=600)
+    got = to_edge_transform_and_lower(
+        copy.deepcopy(programs), partitioner=[remote]
+    ).to_executorch().buffer
+    assert got == local
+    assert remote.stats["preprocess_calls"] == 1
+    again = to_edge_transform_and_lower(
+        copy.deepcopy(programs), partitioner=[XnnpackPartitioner()]
+    ).to_executorch().buffer
+    assert again == local
+    assert remote.stats["preprocess_calls"] == 1, "a local lowering went to the server"
+
+
+def test_whole_program_helper(server_address: str) -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir.backend.backend_api import to_backend
+
+    programs = fp32()
+    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+    # A whole Edge program, lowered as one: its delegate's payload, locally and remotely.
+    ep = to_edge(fp32()).exported_program()
+    specs: list[Any] = []
+    lowered_local = to_backend("VulkanBackend", copy.deepcopy(ep), specs)
+    lowered_remote = to_backend_remotely(server_address, "VulkanBackend", ep, specs)
+    assert lowered_remote.processed_bytes == lowered_local.processed_bytes
+    assert lowered_remote.backend_id == "VulkanBackend"
+    assert edge is not None
+
+
+def test_unknown_backend_names_the_hosted_ones(server_address: str) -> None:
+    ep = to_edge(fp32()).exported_program()
+    with pytest.raises(RemotePartitionerError) as e:
+        to_backend_remotely(server_address, "NoSuchBackend", ep, [])
+    assert e.value.reason == "UNKNOWN_BACKEND"
+    assert "XnnpackBackend" in str(e.value) and "NoSuchBackend" in str(e.value)
+
+
+def test_unknown_backend_on_the_wire(server_address: str) -> None:
+    """The server itself refuses an unknown backend id, naming it and the hosted ones."""
+    import grpc
+
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(server_address) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Preprocess(pb.PreprocessRequest(backend_id="NoSuchBackend"), timeout=60)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "NoSuchBackend" in e.value.details() and "XnnpackBackend" in e.value.details()
+        listing = stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=60)
+        assert {"XnnpackBackend", "VulkanBackend"} <= {b.backend_id for b in listing.backends}
+
+
+def test_preprocess_raising_is_raised_again(server_address: str) -> None:
+    """A backend whose preprocess raises: the client gets the same built-in class and
+    message. Vulkan refuses a compile spec value it cannot parse."""
+    from executorch.backends.vulkan.vulkan_preprocess import VulkanBackend
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    ep = to_edge(fp32()).exported_program()
+    specs = [CompileSpec("storage_type_override", b"\xff\xff")]
+    with pytest.raises(Exception) as local:
+        VulkanBackend.preprocess(copy.deepcopy(ep), specs)
+    with pytest.raises(Exception) as remote:
+        to_backend_remotely(server_address, "VulkanBackend", ep, specs)
+    assert type(remote.value) is type(local.value)
+    assert str(remote.value) == str(local.value)
