@@ -353,5 +353,6 @@ def test_preprocess_raising_is_raised_again(server_address: str) -> None:
         VulkanBackend.preprocess(copy.deepcopy(ep), specs)
     with pytest.raises(Exception) as remote:
         to_backend_remotely(server_address, "VulkanBackend", ep, specs)
+    assert isinstance(local.value, ValueError)
     assert type(remote.value) is type(local.value)
     assert str(remote.value) == str(local.value)
