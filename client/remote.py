@@ -181,11 +181,12 @@ class RemotePartitioner(Partitioner):
         #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
         #: although their blobs had been uploaded (evicted, or another replica answered), and
         #: after the server refused them as overloaded (RetryInfo: too many hook calls, or too
-        #: many upload bytes in flight).
+        #: many upload bytes in flight). Preprocess: calls, bytes of results read back with
+        #: ``ReadBlobs`` and processed bytes received.
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
                       "graph_bytes_uploaded": 0, "memo_hits": 0, "unavailable_retries": 0,
                       "blob_missing_retries": 0, "overloaded_retries": 0,
-                      "preprocess_calls": 0, "bytes_read": 0}
+                      "preprocess_calls": 0, "bytes_read": 0, "processed_bytes": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -541,10 +542,14 @@ class RemotePartitioner(Partitioner):
             self.stats["bytes_read"] += len(data)
             return data
 
-        return {
+        out = {
             m.name: [codec.decode_preprocess_result(r, blob) for r in m.results]
             for m in response.methods
         }
+        self.stats["processed_bytes"] += sum(
+            r.processed_bytes.size_bytes for m in response.methods for r in m.results
+        )
+        return out
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram

@@ -356,3 +356,77 @@ def test_preprocess_raising_is_raised_again(server_address: str) -> None:
     assert isinstance(local.value, ValueError)
     assert type(remote.value) is type(local.value)
     assert str(remote.value) == str(local.value)
+
+
+# ------------------------------------------------------------------ units
+
+
+class _Recorder:
+    """A stand-in preprocessor that records the calls it gets (no server)."""
+
+    def __init__(self, backend_id: str) -> None:
+        self.backend_id = backend_id
+        self.calls = 0
+
+    def routes_backend(self, backend_id: str) -> bool:
+        return backend_id == self.backend_id
+
+    def remote_preprocess_multimethod(
+        self, backend_id: str, programs: Any, compile_specs: Any, multimethod: bool
+    ) -> dict[str, list[Any]]:
+        from executorch.exir.backend.backend_details import PreprocessResult
+
+        self.calls += 1
+        return {m: [PreprocessResult(b"x") for _ in eps] for m, eps in programs.items()}
+
+
+def test_one_stand_in_per_backend_id() -> None:
+    """Two partitioners routing one backend id define one class of that name; each call goes
+    to the partitioner in scope, else to the last one that routed it."""
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    from remote_partitioner.client import preprocess as routes
+
+    first, second = _Recorder("UnitTestBackend"), _Recorder("UnitTestBackend")
+    routes.install("UnitTestBackend", first, wrap_real=False)
+    routes.install("UnitTestBackend", second, wrap_real=False)
+    named = [c for c in BackendDetails.__subclasses__() if c.__name__ == "UnitTestBackend"]
+    assert len(named) == 1
+    cls: Any = named[0]
+    assert cls.preprocess(None, []).processed_bytes == b"x"
+    assert (first.calls, second.calls) == (0, 1)
+    with routes.scoped_route("UnitTestBackend", first):
+        cls.preprocess_multimethod({"forward": [None, None]}, {"forward": [[], []]})
+    assert (first.calls, second.calls) == (1, 1)
+
+
+def test_preprocess_result_round_trip() -> None:
+    """Every field of a PreprocessResult crosses: processed bytes (inline or by blob), the
+    debug handle map with int or str keys, named data with layouts, external data."""
+    from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
+    from executorch.exir._serialize.data_serializer import DataEntry
+    from executorch.exir.backend.backend_details import PreprocessResult
+    from executorch.exir.scalar_type import ScalarType
+    from executorch.exir.tensor_layout import TensorLayout
+
+    from remote_partitioner.proto import codec
+    from remote_partitioner.proto.codec.preprocess import INLINE_PROCESSED_BYTES
+
+    layout = TensorLayout(ScalarType.FLOAT, [2, 3], [0, 1])
+    for processed in (b"abc", bytes(INLINE_PROCESSED_BYTES + 1)):
+        for handles in ({1: (3, 4), 2: (5,)}, {"a": (1,)}, None):
+            result = PreprocessResult(
+                processed_bytes=processed,
+                debug_handle_map=handles,
+                data_store_output=NamedDataStoreOutput(
+                    buffers=[b"w0", b"w1"],
+                    pte_data={"k0": DataEntry(1, 16, layout), "k1": DataEntry(0, 8, None)},
+                    external_data={"f.ptd": {"k2": DataEntry(0, 64, None)}},
+                ),
+            )
+            message, blobs = codec.encode_preprocess_result(result)
+            got = codec.decode_preprocess_result(
+                message, lambda d, blobs=blobs: blobs[d.hash]  # type: ignore[misc]
+            )
+            assert got == result
+            assert bool(message.processed_inline) == (len(processed) <= INLINE_PROCESSED_BYTES)
