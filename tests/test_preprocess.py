@@ -430,3 +430,75 @@ def test_preprocess_result_round_trip() -> None:
             )
             assert got == result
             assert bool(message.processed_inline) == (len(processed) <= INLINE_PROCESSED_BYTES)
+
+
+def _nodes(graph: Any) -> Any:
+    if isinstance(graph, dict):
+        if {"target", "inputs", "outputs"} <= graph.keys():
+            yield graph
+        for v in graph.values():
+            yield from _nodes(v)
+    elif isinstance(graph, list):
+        for v in graph:
+            yield from _nodes(v)
+
+
+def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
+    """Each malformed request gets its documented code and reason, and the graph allow-list
+    applies: a program naming code as a node target is refused, never run."""
+    import json
+
+    import grpc
+
+    from remote_partitioner.client.blobs import upload_missing
+    from remote_partitioner.client.errors import from_rpc_error
+    from remote_partitioner.proto import codec
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+    encoded = codec.encode_program(to_edge(fp32()).exported_program())
+    graph = json.loads(bytes(encoded.blobs[encoded.message.graph.hash]))
+    touched = tmp_path / "touched"
+    node = next(n for n in _nodes(graph) if "aten" in str(n["target"]))
+    node["target"] = "os.system"
+    node["inputs"] = [{"name": "command", "arg": {"as_string": f"touch {touched}"}}]
+    bad_graph = json.dumps(graph).encode()
+    program = pb.Program()
+    program.CopyFrom(encoded.message)
+    program.graph.CopyFrom(codec.digest_of(bad_graph))
+    raw = program.SerializeToString(deterministic=True)
+    blobs = {**encoded.blobs, program.graph.hash: bad_graph, codec.digest_of(raw).hash: raw}
+    missing = pb.Digest(hash="0" * 64, size_bytes=10)
+
+    def request(digest: pb.Digest, *, n: int = 1, multimethod: bool = False) -> Any:
+        return pb.PreprocessRequest(backend_id="XnnpackBackend", multimethod=multimethod, methods=[
+            pb.PreprocessMethod(name="forward", programs=[
+                pb.PreprocessInput(program_digest=digest) for _ in range(n)
+            ]),
+        ])
+
+    with grpc.insecure_channel(server_address) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        digests = [pb.Digest(hash=h, size_bytes=len(bytes(b))) for h, b in blobs.items()]
+        upload_missing(lambda m, r: m(r, timeout=60), stub, digests, blobs)
+        cases = {
+            "no program": (pb.PreprocessRequest(backend_id="XnnpackBackend"),
+                           grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM"),
+            "two for preprocess": (request(codec.digest_of(raw), n=2),
+                                   grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM"),
+            "missing blob": (request(missing), grpc.StatusCode.FAILED_PRECONDITION,
+                             "BLOB_MISSING"),
+            "bad digest": (request(pb.Digest(hash="xyz", size_bytes=1)),
+                           grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DIGEST"),
+            "code target": (request(codec.digest_of(raw)), grpc.StatusCode.INVALID_ARGUMENT,
+                            "INVALID_PROGRAM"),
+        }
+        for what, (req, code, reason) in cases.items():
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Preprocess(req, timeout=120)
+            err = from_rpc_error(e.value)  # the ErrorInfo reason, as the client reads it
+            assert isinstance(err, RemotePartitionerError)
+            assert (e.value.code(), err.reason) == (code, reason), (what, e.value.details())
+        assert not touched.exists(), "a node target was run"
+        # The server keeps serving.
+        stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=60)
