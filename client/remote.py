@@ -207,6 +207,7 @@ class RemotePartitioner(Partitioner):
         self._digests = codec.DigestCache()
         self._memo = {}
         self._listing = None
+        self._remote_backends = set(state.get("_remote_backends", ()))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RemotePartitioner:
         # A partitioner is configuration plus a connection; copies share neither state nor
