@@ -219,10 +219,13 @@ def _lower(ep: Any, partitioner: Any) -> tuple[float, str, int]:
     return wall, hashlib.sha256(pte).hexdigest(), len(pte)
 
 
-def run_model(name: str, target: str, repeat: int, preprocess: bool = False) -> dict[str, Any]:
+def run_model(
+    name: str, target: str, repeat: int, preprocess_target: str | None = None
+) -> dict[str, Any]:
     """Local, remote cold and remote warm lowering of ``name`` against the server at
-    ``target`` (local and warm ``repeat`` times each), and with ``preprocess`` a lowering whose
-    preprocess runs on the server too; the figures as a dict."""
+    ``target`` (local and warm ``repeat`` times each), and with ``preprocess_target`` (another
+    fresh server) a cold lowering whose preprocess runs on the server too; the figures as a
+    dict."""
     import grpc
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -266,10 +269,14 @@ def run_model(name: str, target: str, repeat: int, preprocess: bool = False) -> 
         }
 
     def remote_preprocess_run() -> dict[str, Any]:
-        # Preprocess on the server too (remote_preprocess=True): the weights cross here, once.
+        # Preprocess on the server too (remote_preprocess=True), on a server that has not seen
+        # the model: the weights cross once for the hooks and preprocess together.
+        assert preprocess_target is not None
         counter = ByteCounter()
-        channel = grpc.intercept_channel(open_channel(target), counter.interceptor)
-        remote = RemotePartitioner(target, "xnnpack", channel=channel, remote_preprocess=True)
+        channel = grpc.intercept_channel(open_channel(preprocess_target), counter.interceptor)
+        remote = RemotePartitioner(
+            preprocess_target, "xnnpack", channel=channel, remote_preprocess=True
+        )
         wall, digest, size = _lower(ep, remote)
         channel.close()
         return {
@@ -294,14 +301,14 @@ def run_model(name: str, target: str, repeat: int, preprocess: bool = False) -> 
     for r in (*local, cold, *warm):
         r["identical"] = r["pte_sha256"] == reference
     out["runs"] = {"local": best_local, "remote_cold": cold, "remote_warm": best_warm}
-    if preprocess:
+    if preprocess_target is not None:
         out["runs"]["remote_preprocess"] = remote_preprocess_run()
         out["runs"]["remote_preprocess"]["identical"] = (
             out["runs"]["remote_preprocess"]["pte_sha256"] == reference
         )
     out["samples_s"] = {"local": [r["wall_s"] for r in local], "remote_cold": [cold["wall_s"]],
                         "remote_warm": [r["wall_s"] for r in warm]}
-    extra = [out["runs"]["remote_preprocess"]] if preprocess else []
+    extra = [out["runs"]["remote_preprocess"]] if preprocess_target is not None else []
     out["all_identical"] = all(r["identical"] for r in (*local, cold, *warm, *extra))
     out["client_peak_rss"] = peak_rss()
     return out
@@ -479,22 +486,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default="build/bench.json", help="where the figures go")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child mode: MODEL
     parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--preprocess-target", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
 
     if args.one:
         repeat = 1 if args.one in (LLAMA, HUGE) else args.repeat
-        print(json.dumps(run_model(args.one, args.target, repeat, args.one == LLAMA)))
+        print(json.dumps(run_model(args.one, args.target, repeat, args.preprocess_target)))
         return 0
 
     names = [*args.models, *([] if args.no_llama else [LLAMA]), *([] if args.no_huge else [HUGE])]
     models = []
     for name in names:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        with server() as (proc, target):
+        with server() as (proc, target), contextlib.ExitStack() as more:
+            # llama2 also lowers with preprocess on a second fresh server.
+            extra = (["--preprocess-target", more.enter_context(server())[1]]
+                     if name == LLAMA else [])
             child = subprocess.run(
                 [sys.executable, __file__, "--one", name, "--target", target,
-                 "--repeat", str(args.repeat)],
+                 "--repeat", str(args.repeat), *extra],
                 capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
             )
             if child.returncode != 0:
