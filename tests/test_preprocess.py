@@ -357,19 +357,19 @@ def test_remote_preprocess_when_the_backend_is_importable(server_address: str) -
 
 
 def test_whole_program_helper(server_address: str) -> None:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    """``to_backend_remotely`` gives what ``to_backend(backend_id, program, specs)`` gives."""
+    from executorch.backends.vulkan.vulkan_preprocess import VulkanBackend
     from executorch.exir.backend.backend_api import to_backend
 
-    programs = fp32()
-    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
-    # A whole Edge program, lowered as one: its delegate's payload, locally and remotely.
     ep = to_edge(fp32()).exported_program()
     specs: list[Any] = []
-    lowered_local = to_backend("VulkanBackend", copy.deepcopy(ep), specs)
-    lowered_remote = to_backend_remotely(server_address, "VulkanBackend", ep, specs)
+    lowered_local = to_backend(VulkanBackend.__name__, copy.deepcopy(ep), specs)
+    client = RemotePartitioner(server_address, "vulkan", timeout=600)
+    lowered_remote = to_backend_remotely(client, "VulkanBackend", ep, specs)
+    assert client.stats["preprocess_calls"] == 1
     assert lowered_remote.processed_bytes == lowered_local.processed_bytes
     assert lowered_remote.backend_id == "VulkanBackend"
-    assert edge is not None
+    assert lowered_remote.meta == lowered_local.meta  # the debug handle map
 
 
 def test_unknown_backend_names_the_hosted_ones(server_address: str) -> None:
