@@ -254,7 +254,7 @@ def _cases(backends: tuple[str, ...], models: tuple[str, ...]) -> list[Any]:
 
 @pytest.mark.parametrize(("backend", "model"), [
     *_cases(("xnnpack",), tuple(MODELS)),
-    *_cases(("vulkan",), ("fp32", "conv", "dynamic", "multi_method", "tied")),
+    *_cases(("vulkan",), ("fp32", "conv", "dynamic", "multi_method", "tied", "cond")),
 ])
 def test_process_without_backends_gets_the_local_pte(
     backend: str, model: str, server_address: str, tmp_path: Path
