@@ -558,3 +558,25 @@ def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
         assert not touched.exists(), "a node target was run"
         # The server keeps serving.
         stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=60)
+
+
+@slow
+def test_vulkan_quantized_fails_as_locally(server_address: str, tmp_path: Path) -> None:
+    """Vulkan cannot lower the PT2E (XNNPACK-quantizer) model: locally its preprocess asserts;
+    in a process without backends the same AssertionError comes back from the server."""
+    programs = quantized()
+    path = tmp_path / "forward.pt2"
+    torch.export.save(programs["forward"], path)
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT, server_address, "vulkan", "transform_and_lower",
+         str(tmp_path / "remote.pte"), f"forward={path}"],
+        capture_output=True, text=True, timeout=1200,
+    )
+    with pytest.raises(AssertionError) as local:
+        to_edge_transform_and_lower(
+            {"forward": torch.export.load(path)}, partitioner=[_local_partitioner("vulkan")]
+        )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("AssertionError"), done.stderr[-3000:]
+    assert last == f"AssertionError: {local.value}".rstrip(": ").rstrip(), (last, local.value)
