@@ -219,9 +219,13 @@ def _lower(ep: Any, partitioner: Any) -> tuple[float, str, int]:
     return wall, hashlib.sha256(pte).hexdigest(), len(pte)
 
 
-def run_model(name: str, target: str, repeat: int) -> dict[str, Any]:
+def run_model(
+    name: str, target: str, repeat: int, preprocess_target: str | None = None
+) -> dict[str, Any]:
     """Local, remote cold and remote warm lowering of ``name`` against the server at
-    ``target`` (local and warm ``repeat`` times each); the figures as a dict."""
+    ``target`` (local and warm ``repeat`` times each), and with ``preprocess_target`` (another
+    fresh server) a cold lowering whose preprocess runs on the server too; the figures as a
+    dict."""
     import grpc
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -264,6 +268,23 @@ def run_model(name: str, target: str, repeat: int) -> dict[str, Any]:
             "stats": dict(remote.stats),
         }
 
+    def remote_preprocess_run() -> dict[str, Any]:
+        # Preprocess on the server too (remote_preprocess=True), on a server that has not seen
+        # the model: the weights cross once for the hooks and preprocess together.
+        assert preprocess_target is not None
+        counter = ByteCounter()
+        channel = grpc.intercept_channel(open_channel(preprocess_target), counter.interceptor)
+        remote = RemotePartitioner(
+            preprocess_target, "xnnpack", channel=channel, remote_preprocess=True
+        )
+        wall, digest, size = _lower(ep, remote)
+        channel.close()
+        return {
+            "wall_s": wall, "pte_sha256": digest, "pte_bytes": size,
+            "sent_bytes": counter.sent, "received_bytes": counter.received,
+            "stats": dict(remote.stats),
+        }
+
     # Wall times on a shared 2-core machine vary by 10-20 % from run to run: local and warm
     # runs are repeated, interleaved, and the fastest of each is reported (all are kept).
     # The cold run is the first remote lowering the new server sees, once.
@@ -280,9 +301,15 @@ def run_model(name: str, target: str, repeat: int) -> dict[str, Any]:
     for r in (*local, cold, *warm):
         r["identical"] = r["pte_sha256"] == reference
     out["runs"] = {"local": best_local, "remote_cold": cold, "remote_warm": best_warm}
+    if preprocess_target is not None:
+        out["runs"]["remote_preprocess"] = remote_preprocess_run()
+        out["runs"]["remote_preprocess"]["identical"] = (
+            out["runs"]["remote_preprocess"]["pte_sha256"] == reference
+        )
     out["samples_s"] = {"local": [r["wall_s"] for r in local], "remote_cold": [cold["wall_s"]],
                         "remote_warm": [r["wall_s"] for r in warm]}
-    out["all_identical"] = all(r["identical"] for r in (*local, cold, *warm))
+    extra = [out["runs"]["remote_preprocess"]] if preprocess_target is not None else []
+    out["all_identical"] = all(r["identical"] for r in (*local, cold, *warm, *extra))
     out["client_peak_rss"] = peak_rss()
     return out
 
@@ -384,6 +411,20 @@ def report(results: dict[str, Any]) -> str:
                 f"{m['server_peak_rss'] / GIB:.2f} GiB, target <= "
                 f"{(1.5 * m['tensor_bytes'] + 1.5 * GIB) / GIB:.2f} GiB")
     for m in results["models"]:
+        p = m["runs"].get("remote_preprocess")
+        if p is None:
+            continue
+        st = p["stats"]
+        wire = p["sent_bytes"] + p["received_bytes"]
+        bound = 1.05 * m["tensor_bytes"] + st["graph_bytes_uploaded"] + st["processed_bytes"]
+        lines.append(
+            f"{m['model']}, preprocess on the server: {p['wall_s']:.2f} s "
+            f"({_ratio(p['wall_s'], m['runs']['local']['wall_s']):.3f}x local); wire "
+            f"{wire / 1e6:.2f} MB ({p['sent_bytes'] / 1e6:.2f} sent, "
+            f"{p['received_bytes'] / 1e6:.2f} received; target <= {bound / 1e6:.2f}: tensors "
+            f"x1.05 + graphs {st['graph_bytes_uploaded'] / 1e6:.2f} + processed "
+            f"{st['processed_bytes'] / 1e6:.2f}); identical {p['identical']}")
+    for m in results["models"]:
         r = m["runs"]
         graph = r["remote_cold"]["stats"]["graph_bytes_uploaded"]
         bound = 1.05 * m["tensor_bytes"] + graph
@@ -445,22 +486,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default="build/bench.json", help="where the figures go")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child mode: MODEL
     parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--preprocess-target", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
 
     if args.one:
         repeat = 1 if args.one in (LLAMA, HUGE) else args.repeat
-        print(json.dumps(run_model(args.one, args.target, repeat)))
+        print(json.dumps(run_model(args.one, args.target, repeat, args.preprocess_target)))
         return 0
 
     names = [*args.models, *([] if args.no_llama else [LLAMA]), *([] if args.no_huge else [HUGE])]
     models = []
     for name in names:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        with server() as (proc, target):
+        with server() as (proc, target), contextlib.ExitStack() as more:
+            # llama2 also lowers with preprocess on a second fresh server.
+            extra = (["--preprocess-target", more.enter_context(server())[1]]
+                     if name == LLAMA else [])
             child = subprocess.run(
                 [sys.executable, __file__, "--one", name, "--target", target,
-                 "--repeat", str(args.repeat)],
+                 "--repeat", str(args.repeat), *extra],
                 capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
             )
             if child.returncode != 0:

@@ -16,7 +16,7 @@ from remote_partitioner.client.errors import (
 )
 
 if TYPE_CHECKING:
-    from remote_partitioner.client.remote import RemotePartitioner
+    from remote_partitioner.client.remote import RemotePartitioner, to_backend_remotely
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from remote_partitioner.client.remote import RemotePartitioner
 
         return RemotePartitioner
+    if name == "to_backend_remotely":
+        from remote_partitioner.client.remote import to_backend_remotely
+
+        return to_backend_remotely
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
@@ -38,4 +42,5 @@ __all__ = [
     "channel_credentials",
     "read_channel_credentials",
     "read_token",
+    "to_backend_remotely",
 ]

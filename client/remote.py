@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import torch
 import torch.fx
+from executorch.exir.backend.backend_details import PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import (
     DelegationSpec,
@@ -21,6 +22,7 @@ from executorch.exir.backend.partitioner import (
 )
 from torch.export import ExportedProgram
 
+from remote_partitioner.client import preprocess as preprocess_routes
 from remote_partitioner.client import report
 from remote_partitioner.client.blobs import upload_missing
 from remote_partitioner.client.channel import (
@@ -127,6 +129,9 @@ class RemotePartitioner(Partitioner):
             that failed with UNAVAILABLE (its replica went away) is made again, blobs included.
         memoize: answer a hook called again on the same, unchanged program object from the
             previous answer, without encoding it or calling the server (see ``stats``).
+        remote_preprocess: run the backend's ``preprocess`` on the server even when this
+            process can import the backend. Without it, preprocess runs on the server only for
+            a backend this process cannot import (see :mod:`remote_partitioner.client.preprocess`).
 
     After each ``partition()``, ``rejections`` lists every call_function node the hosted
     partitioner left untagged, with why (:class:`~remote_partitioner.client.report.Rejection`:
@@ -149,6 +154,7 @@ class RemotePartitioner(Partitioner):
         token: str | None = None,
         max_retries: int = 5,
         memoize: bool = True,
+        remote_preprocess: bool = False,
     ) -> None:
         super().__init__(dict(spec or {}))
         self.target = target
@@ -157,6 +163,10 @@ class RemotePartitioner(Partitioner):
         self.check_versions = check_versions
         self.max_retries = max_retries
         self.memoize = memoize
+        self.remote_preprocess = remote_preprocess
+        #: Backend ids whose preprocess ``partition()`` routed to the server.
+        self._remote_backends: set[str] = set()
+        self._listing: pb.ListPartitionersResponse | None = None
         # hook RPC name -> (snapshot of the program, response, encoding, generator state sent)
         # of the last call
         self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram, bytes]] = {}
@@ -183,10 +193,12 @@ class RemotePartitioner(Partitioner):
         #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
         #: although their blobs had been uploaded (evicted, or another replica answered), and
         #: after the server refused them as overloaded (RetryInfo: too many hook calls, or too
-        #: many upload bytes in flight).
+        #: many upload bytes in flight). Preprocess: calls, bytes of results read back with
+        #: ``ReadBlobs`` and processed bytes received.
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
                       "graph_bytes_uploaded": 0, "memo_hits": 0, "unavailable_retries": 0,
-                      "blob_missing_retries": 0, "overloaded_retries": 0}
+                      "blob_missing_retries": 0, "overloaded_retries": 0,
+                      "preprocess_calls": 0, "bytes_read": 0, "processed_bytes": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -195,7 +207,7 @@ class RemotePartitioner(Partitioner):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for k in ("_channel", "_stub", "_lock", "_digests", "_memo"):
+        for k in ("_channel", "_stub", "_lock", "_digests", "_memo", "_listing"):
             state.pop(k, None)
         return state
 
@@ -206,6 +218,8 @@ class RemotePartitioner(Partitioner):
         self._lock = threading.Lock()
         self._digests = codec.DigestCache()
         self._memo = {}
+        self._listing = None
+        self._remote_backends = set(state.get("_remote_backends", ()))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RemotePartitioner:
         # A partitioner is configuration plus a connection; copies share neither state nor
@@ -240,10 +254,9 @@ class RemotePartitioner(Partitioner):
             exc = from_rpc_error(e)
         raise exc from exc.__cause__  # the remote traceback, if the server sent one
 
-    @property
-    def info(self) -> pb.PartitionerInfo:
-        """The hosted partitioner's description (fetched once)."""
-        if self._info is None:
+    def _server_listing(self) -> pb.ListPartitionersResponse:
+        """The server's ``ListPartitioners`` answer (fetched once), its versions checked."""
+        if self._listing is None:
             response = self._rpc(self.stub.ListPartitioners, pb.ListPartitionersRequest())
             if self.check_versions:
                 local = _local_versions()
@@ -256,6 +269,14 @@ class RemotePartitioner(Partitioner):
                         "anyway)",
                         grpc.StatusCode.FAILED_PRECONDITION,
                     )
+            self._listing = response
+        return self._listing
+
+    @property
+    def info(self) -> pb.PartitionerInfo:
+        """The hosted partitioner's description (fetched once)."""
+        if self._info is None:
+            response = self._server_listing()
             for p in response.partitioners:
                 if p.name == self.partitioner_name:
                     self._info = p
@@ -323,13 +344,7 @@ class RemotePartitioner(Partitioner):
         the call reach another replica, in between); on UNAVAILABLE (the replica went away)
         call again, up to ``max_retries`` times with a growing pause, on the replica the
         channel fails over to."""
-        try:
-            encoded = codec.encode_program(ep, digests=self._digests)
-        except codec.ProgramEncodeError as e:
-            raise RemotePartitionerError(
-                f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
-                errors.Reason.INVALID_PROGRAM.value,
-            ) from e
+        encoded = self._encode(ep)
         # The program message itself crosses as a blob, so that a program the server has
         # seen before, from any client, costs one small request.
         program = encoded.message.SerializeToString(deterministic=True)
@@ -337,6 +352,27 @@ class RemotePartitioner(Partitioner):
         blobs: dict[str, memoryview | bytes] = {**encoded.blobs, ref.hash: program}
         digests = [*encoded.digests(), ref]
         graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
+        return self._call_with_blobs(method, lambda: make(ref), blobs, digests, graphs), encoded
+
+    def _encode(self, ep: ExportedProgram) -> codec.EncodedProgram:
+        try:
+            return codec.encode_program(ep, digests=self._digests)
+        except codec.ProgramEncodeError as e:
+            raise RemotePartitionerError(
+                f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
+                errors.Reason.INVALID_PROGRAM.value,
+            ) from e
+
+    def _call_with_blobs(
+        self,
+        method: Callable[..., Any],
+        make: Callable[[], Any],
+        blobs: Mapping[str, memoryview | bytes],
+        digests: list[pb.Digest],
+        graphs: set[str],
+    ) -> Any:
+        """Call ``method`` with ``make()``; on BLOB_MISSING upload what the server lacks of
+        ``blobs`` and call again (see :meth:`_encode_and_call`)."""
         uploads, waits, failovers = 0, 0, 0
         upload = False  # first, ask as if the server held everything
         while True:
@@ -344,7 +380,7 @@ class RemotePartitioner(Partitioner):
                 if upload:
                     self._upload(blobs, digests, graphs)
                     uploads += 1
-                return self._rpc(method, make(ref)), encoded
+                return self._rpc(method, make())
             except RemotePartitionerError as e:
                 if e.reason == errors.Reason.BLOB_MISSING and uploads < 3:
                     if upload:  # uploaded, yet missing: evicted, or another replica answered
@@ -404,30 +440,131 @@ class RemotePartitioner(Partitioner):
             for p in response.partition_tags
         }
         for spec in partition_tags.values():
-            self._ensure_backend(spec.backend_id)
+            self._route_backend(spec.backend_id)
         self.rejections = report.rejections(response.rejections)
         self.delegated = _delegated(nodes, response.tags, partition_tags)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
         )
 
-    def _ensure_backend(self, backend_id: str) -> None:
-        """Import the backend whose ``preprocess`` ``to_backend`` will run here, as importing
-        the local partitioner would have; only ExecuTorch's own modules are imported."""
-        from executorch.exir.backend.backend_details import BackendDetails
-
-        if any(cls.__name__ == backend_id for cls in BackendDetails.__subclasses__()):
+    def _route_backend(self, backend_id: str) -> None:
+        """Make sure ``to_backend`` finds a ``BackendDetails`` for ``backend_id``: the backend
+        itself, imported as importing the local partitioner would have (only ExecuTorch's own
+        modules are imported), or, when ``remote_preprocess`` is set or the backend cannot be
+        imported here but the server hosts it, one whose preprocess runs on the server."""
+        if backend_id in self._remote_backends:
+            return
+        if self.remote_preprocess:
+            self._check_hosted_backend(backend_id)
+            self._remote_backends.add(backend_id)
+            preprocess_routes.install(backend_id, self, wrap_real=True)
+            return
+        if preprocess_routes.backend_class(backend_id, real=True) is not None:
             return
         module = self.info.backend_module
+        failure = ""
         if module.startswith("executorch.") and all(p.isidentifier() for p in module.split(".")):
-            importlib.import_module(module)
-            if any(cls.__name__ == backend_id for cls in BackendDetails.__subclasses__()):
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                failure = f" ({type(e).__name__}: {e})"
+            if preprocess_routes.backend_class(backend_id, real=True) is not None:
                 return
+        if backend_id in {b.backend_id for b in self._server_listing().backends}:
+            self._remote_backends.add(backend_id)
+            preprocess_routes.install(backend_id, self, wrap_real=False)
+            return
         raise RemotePartitionerError(
-            f"backend {backend_id!r} is not available in this process: import the module that "
-            f"defines it ({module or 'unknown'}) before lowering",
+            f"backend {backend_id!r} is not available in this process{failure} and the server "
+            f"at {self.target} does not preprocess it: import the module that defines it "
+            f"({module or 'unknown'}) before lowering",
             grpc.StatusCode.FAILED_PRECONDITION,
         )
+
+    def _check_hosted_backend(self, backend_id: str) -> None:
+        hosted = [b.backend_id for b in self._server_listing().backends]
+        if backend_id not in hosted:
+            raise RemotePartitionerError(
+                f"the server at {self.target} hosts no backend {backend_id!r}; hosted: "
+                f"{', '.join(hosted) or '(none)'}",
+                grpc.StatusCode.NOT_FOUND, errors.Reason.UNKNOWN_BACKEND.value,
+            )
+
+    # ------------------------------------------------------------------ preprocess
+
+    def routes_backend(self, backend_id: str) -> bool:
+        """Whether this partitioner's ``partition()`` routed ``backend_id``'s preprocess
+        to the server (see :mod:`remote_partitioner.client.preprocess`)."""
+        return backend_id in self._remote_backends
+
+    def remote_preprocess_multimethod(
+        self,
+        backend_id: str,
+        programs: Mapping[str, Sequence[ExportedProgram]],
+        compile_specs: Mapping[str, Sequence[Sequence[CompileSpec]]],
+        multimethod: bool,
+    ) -> dict[str, list[PreprocessResult]]:
+        """Run backend ``backend_id``'s ``preprocess_multimethod(programs, compile_specs)``
+        (``multimethod``) or ``preprocess`` (one program) on the server; return its
+        ``PreprocessResult`` s by method, as the local backend would.
+
+        Tensors cross once: storages the server holds (from any earlier call) are not
+        uploaded, and named data buffers this client sent are not read back. An exception the
+        backend raised is raised here with the same built-in class and message.
+        """
+        self._check_hosted_backend(backend_id)
+        blobs: dict[str, memoryview | bytes] = {}
+        graphs: set[str] = set()
+        request = pb.PreprocessRequest(backend_id=backend_id, multimethod=multimethod)
+        for name, eps in programs.items():
+            specs = compile_specs[name]
+            if len(specs) != len(eps):
+                raise ValueError(
+                    f"method {name!r} has {len(eps)} programs and {len(specs)} compile spec lists"
+                )
+            method = request.methods.add(name=name)
+            for ep, program_specs in zip(eps, specs, strict=True):
+                encoded = self._encode(ep)
+                try:
+                    node_meta = codec.extra_node_meta(ep)
+                except codec.UnrepresentableMeta as e:
+                    raise RemotePartitionerError(
+                        f"the program cannot be sent for preprocess: {e}",
+                        grpc.StatusCode.INVALID_ARGUMENT, errors.Reason.INVALID_PROGRAM.value,
+                    ) from e
+                message = encoded.message.SerializeToString(deterministic=True)
+                ref = digest_of(message)
+                blobs.update(encoded.blobs)
+                blobs[ref.hash] = message
+                graphs |= {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
+                method.programs.add(
+                    program_digest=ref,
+                    compile_specs=[pb.CompileSpec(key=c.key, value=bytes(c.value))
+                                   for c in program_specs],
+                    node_meta=node_meta,
+                )
+        digests = [pb.Digest(hash=h, size_bytes=memoryview(b).nbytes) for h, b in blobs.items()]
+        self.stats["preprocess_calls"] += 1
+        response = self._call_with_blobs(
+            self.stub.Preprocess, lambda: request, blobs, digests, graphs
+        )
+
+        def blob(d: pb.Digest) -> bytes:
+            local = blobs.get(d.hash)
+            if local is not None and memoryview(local).nbytes == d.size_bytes:
+                return bytes(local)
+            data = self._read_blob(d)
+            self.stats["bytes_read"] += len(data)
+            return data
+
+        out = {
+            m.name: [codec.decode_preprocess_result(r, blob) for r in m.results]
+            for m in response.methods
+        }
+        self.stats["processed_bytes"] += sum(
+            r.processed_bytes.size_bytes for m in response.methods for r in m.results
+        )
+        return out
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -477,6 +614,38 @@ class RemotePartitioner(Partitioner):
             return local if local is not None else self._read_blob(d)
 
         return codec.decode_program(response.program, blob)
+
+
+def to_backend_remotely(
+    server: RemotePartitioner | str,
+    backend_id: str,
+    edge_program: ExportedProgram,
+    compile_specs: Sequence[CompileSpec],
+    **options: Any,
+) -> Any:
+    """Whole-program lowering with the preprocess on the server: what
+    ``executorch.exir.backend.backend_api.to_backend(backend_id, edge_program, compile_specs)``
+    returns (a ``LoweredBackendModule``), in a process that need not import the backend.
+
+    Args:
+        server: a ``RemotePartitioner`` whose connection to use, or a target string (then
+            ``options`` are ``RemotePartitioner``'s keyword arguments: ``timeout``, ``token``,
+            ``credentials``, ...).
+        backend_id: the backend, e.g. ``"XnnpackBackend"``; the server must host it
+            (``ListPartitionersResponse.backends``), else ``RemotePartitionerError`` with
+            reason ``UNKNOWN_BACKEND`` naming the hosted ids.
+        edge_program: an Edge-dialect program.
+        compile_specs: the backend's compile specs.
+    """
+    from executorch.exir.backend.backend_api import to_backend
+
+    client = server if isinstance(server, RemotePartitioner) else RemotePartitioner(
+        server, "", **options
+    )
+    client._check_hosted_backend(backend_id)
+    preprocess_routes.install(backend_id, None, wrap_real=True)
+    with preprocess_routes.scoped_route(backend_id, client):
+        return to_backend(backend_id, edge_program, list(compile_specs))
 
 
 def _apply_rng_state(response: Any) -> None:

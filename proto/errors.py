@@ -46,6 +46,8 @@ class Reason(str, enum.Enum):
     #: A stream sent or took no message for longer than the server allows; it was cancelled
     #: and its partial blob discarded.
     STREAM_IDLE = "STREAM_IDLE"
+    #: ``Preprocess`` named a backend id the server does not host; the message lists them.
+    UNKNOWN_BACKEND = "UNKNOWN_BACKEND"
 
 
 _C = grpc.StatusCode
@@ -72,6 +74,7 @@ STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
         Reason.OVERLOADED: _C.RESOURCE_EXHAUSTED,
         Reason.DEADLINE_PASSED: _C.DEADLINE_EXCEEDED,
         Reason.STREAM_IDLE: _C.DEADLINE_EXCEEDED,
+        Reason.UNKNOWN_BACKEND: _C.NOT_FOUND,
     }
 )
 

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+from remote_partitioner.server.backend_registry import BackendRegistry
 from remote_partitioner.server.blobstore import Blobs, BlobStore
 from remote_partitioner.server.instance import PartitionerInstance, versions_key
 from remote_partitioner.server.registry import Registry, default_registry
@@ -143,6 +144,7 @@ def create_server(
     address: str = DEFAULT_ADDRESS,
     *,
     registry: Registry | None = None,
+    backends: BackendRegistry | None = None,
     blob_store: Blobs | None = None,
     limits: Limits | None = None,
     result_cache: ResultCache | None = None,
@@ -158,7 +160,8 @@ def create_server(
     and for ``remote_partitioner.v1.RemotePartitioner``; see :meth:`Server.set_health` and
     :meth:`Server.enter_graceful_shutdown`) and server reflection listing every service. Hook
     responses are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns
-    it off). ``io_threads`` threads hash, store and read blobs.
+    it off). ``io_threads`` threads hash, store and read blobs. ``backends`` are the backends
+    ``Preprocess`` runs (default: the built-in ones and plugins).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -168,6 +171,7 @@ def create_server(
         blob_store if blob_store is not None else BlobStore(),
         limits,
         result_cache if result_cache is not None else ResultCache(versions=versions_key()),
+        backends,
     )
     handle = Server()
 

@@ -72,6 +72,7 @@ def _security(
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from remote_partitioner.server.app import create_server
+    from remote_partitioner.server.backend_registry import default_backend_registry
     from remote_partitioner.server.blobstore import open_blob_store
     from remote_partitioner.server.instance import versions_key
     from remote_partitioner.server.observability import (
@@ -100,7 +101,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ObservabilityInterceptor(metrics, known_partitioners=registry.names()), *interceptors
     ]
     server, port = create_server(
-        args.address, registry=registry, blob_store=store, limits=limits,
+        args.address, registry=registry,
+        backends=default_backend_registry(plugins=not args.no_plugins), blob_store=store,
+        limits=limits,
         result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
         io_threads=args.threads, interceptors=interceptors, credentials=credentials,
     )

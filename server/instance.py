@@ -42,6 +42,12 @@ from remote_partitioner.proto.spec import spec_value
 from remote_partitioner.proto.transport import hook_to_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks
+from remote_partitioner.server import preprocess as preprocess_runner
+from remote_partitioner.server.backend_registry import (
+    BackendRegistry,
+    UnknownBackendError,
+    default_backend_registry,
+)
 from remote_partitioner.server.blobstore import (
     BlobError,
     Blobs,
@@ -167,14 +173,16 @@ def _caller_rng(state: torch.Tensor | None) -> Iterator[list[bytes]]:
         torch.set_rng_state(own)
 
 
-def partitioner_raised(r: pb.RemoteException) -> ServiceError:
-    """PARTITIONER_RAISED for an exception the hosted code raised. The full message and
-    traceback travel once, in the ErrorInfo; the status message is a summary, so that the
+def partitioner_raised(
+    r: pb.RemoteException, who: str = "the hosted partitioner"
+) -> ServiceError:
+    """PARTITIONER_RAISED for an exception the hosted code (``who``) raised. The full message
+    and traceback travel once, in the ErrorInfo; the status message is a summary, so that the
     trailers stay within gRPC's metadata limits."""
     summary = r.message if len(r.message) <= _SUMMARY_CHARS else r.message[:_SUMMARY_CHARS] + "..."
     return ServiceError(
         Reason.PARTITIONER_RAISED,
-        f"the hosted partitioner raised {r.type}: {summary}",
+        f"{who} raised {r.type}: {summary}",
         {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback},
     )
 
@@ -187,6 +195,12 @@ def _backend_module(backend_id: str) -> str:
         if cls.__name__ == backend_id:
             return cls.__module__
     return ""
+
+
+def _compile_spec(cs: pb.CompileSpec) -> Any:
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    return CompileSpec(cs.key, bytes(cs.value))
 
 
 def _deadline_passed(time_remaining: TimeRemaining) -> None:
@@ -203,6 +217,14 @@ def _response_digests(response: Message) -> Iterator[pb.Digest]:
         "program"
     ):
         yield from codec.iter_digests(response.program)
+
+
+def _preprocess_digests(response: pb.PreprocessResponse) -> Iterator[pb.Digest]:
+    """The blobs a Preprocess response names (processed bytes, named data buffers)."""
+    for method in response.methods:
+        for r in method.results:
+            yield r.processed_bytes
+            yield from r.data_store_output.buffers
 
 
 def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
@@ -244,8 +266,11 @@ class PartitionerInstance:
         blobs: Blobs,
         limits: Limits | None = None,
         results: ResultCache | None = None,
+        backends: BackendRegistry | None = None,
     ) -> None:
         self.registry = registry
+        #: The backends ``Preprocess`` runs (default: the built-in ones and plugins).
+        self.backends = backends if backends is not None else default_backend_registry()
         self.blobs = blobs
         self.limits = limits or Limits()
         self.results = results if results is not None else ResultCache(0)
@@ -274,6 +299,11 @@ class PartitionerInstance:
                 k = info.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
                 if key.default is not None:
                     k.default.CopyFrom(spec_value(key.name, key.default))
+        for backend in self.backends:
+            response.backends.add(
+                backend_id=backend.backend_id, description=backend.description,
+                module=backend.module,
+            )
         return response
 
     # ------------------------------------------------------------------ blobs
@@ -388,6 +418,87 @@ class PartitionerInstance:
                 raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
             if after:
                 response.rng_state = after[0]  # type: ignore[attr-defined]
+        self.results.put(key, response)
+        return response
+
+    # ------------------------------------------------------------------ preprocess
+
+    def preprocess(
+        self, request: pb.PreprocessRequest, time_remaining: TimeRemaining
+    ) -> pb.PreprocessResponse:
+        """A hosted backend's ``preprocess`` (or ``preprocess_multimethod``) on the request's
+        programs; the results' processed bytes and named data buffers are stored here for the
+        client to read back.
+
+        Raises:
+            ServiceError: UNKNOWN_BACKEND; INVALID_PROGRAM (no program, several for
+                ``preprocess``, a method named twice, undecodable); the limits, blob and
+                fingerprint errors of the hooks; PARTITIONER_RAISED (the backend raised);
+                UNREPRESENTABLE_RESULT.
+        """
+        try:
+            hosted = self.backends.get(request.backend_id)
+        except UnknownBackendError as e:
+            raise ServiceError(Reason.UNKNOWN_BACKEND, str(e), field="backend_id") from e
+        count = sum(len(m.programs) for m in request.methods)
+        names = [m.name for m in request.methods]
+        if count == 0:
+            raise ServiceError(Reason.INVALID_PROGRAM, "no program to preprocess", field="methods")
+        if not request.multimethod and count != 1:
+            raise ServiceError(
+                Reason.INVALID_PROGRAM,
+                f"preprocess takes one program, the request has {count} (set multimethod)",
+                field="methods",
+            )
+        if len(set(names)) != len(names):
+            raise ServiceError(
+                Reason.INVALID_PROGRAM, "a method is named more than once", field="methods"
+            )
+        self.check_count(count)
+        programs = [
+            [self._program_blob(p.program_digest) for p in m.programs] for m in request.methods
+        ]
+        for method in programs:
+            for program in method:
+                self._check_program(program)
+        key = self.results.key("Preprocess", request)
+        if self._held(d for method in programs for p in method for d in codec.iter_digests(p)):
+            cached = self.results.get(key, pb.PreprocessResponse)
+            if isinstance(cached, pb.PreprocessResponse) and self._held(
+                _preprocess_digests(cached)
+            ):
+                return cached
+        with self.turn(time_remaining):
+            inputs: list[preprocess_runner.MethodPrograms] = []
+            for m, method in zip(request.methods, programs, strict=True):
+                items = []
+                for p, program in zip(m.programs, method, strict=True):
+                    ep = self._decode(program)
+                    try:
+                        codec.apply_node_meta(ep, p.node_meta)
+                    except codec.ProgramDecodeError as e:
+                        raise ServiceError(Reason.INVALID_PROGRAM, str(e)) from e
+                    specs = [_compile_spec(cs) for cs in p.compile_specs]
+                    items.append((ep, specs))
+                inputs.append((m.name, items))
+            _deadline_passed(time_remaining)
+            try:
+                results = preprocess_runner.run(hosted.backend_cls, inputs, request.multimethod)
+            except hooks.PartitionerRaised as e:
+                raise partitioner_raised(
+                    e.remote, f"the preprocess of backend {request.backend_id!r}"
+                ) from e
+            response = pb.PreprocessResponse()
+            for name, method_results in results:
+                entry = response.methods.add(name=name)
+                for result in method_results:
+                    try:
+                        out, blobs = codec.encode_preprocess_result(result)
+                    except (codec.UnrepresentableMeta, TypeError) as e:
+                        raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
+                    for h, raw in blobs.items():
+                        self.blobs.put(h, len(raw), raw)
+                    entry.results.append(out)
         self.results.put(key, response)
         return response
 
@@ -546,7 +657,14 @@ class PartitionerInstance:
                 Reason.INVALID_PROGRAM, "set program or program_digest, not both",
                 field="program_digest",
             )
-        d = request.program_digest
+        return self._program_blob(request.program_digest)
+
+    def _program_blob(self, d: pb.Digest) -> pb.Program:
+        """The ``Program`` message held in blob ``d``.
+
+        Raises:
+            ServiceError: INVALID_DIGEST, LIMIT_EXCEEDED, BLOB_MISSING, INVALID_PROGRAM.
+        """
         self.check_digest(d, "program_digest")
         if d.size_bytes > self.limits.max_graph_bytes:
             raise self._limit(

@@ -244,6 +244,11 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             context, self.instance.transform_for_pre_decomposition, request
         )
 
+    async def Preprocess(
+        self, request: pb.PreprocessRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreprocessResponse:
+        return await self._admitted(context, self.instance.preprocess, request)
+
     # ------------------------------------------------------------------ whole lowering
 
     async def Lower(self, request: pb.LowerRequest, context: grpc.aio.ServicerContext) -> None:

@@ -41,7 +41,9 @@ then ``codec.encode_program(...)``); its modules, each with one job, are interna
   ExecuTorch's serializer;
 * ``decode``, ``deserializers`` and ``repair``: message and blobs -> program, the graph read by
   their deserializers, then repaired;
-* ``blob_digests``: the blob digests a message names.
+* ``blob_digests``: the blob digests a message names;
+* ``preprocess``: the node metadata ``Preprocess`` sends beside a program, and
+  ``PreprocessResult`` <-> ``PreprocessOutput``.
 
 The exceptions are :mod:`remote_partitioner.proto.program_errors`; the checks that keep a
 client's graph from naming code are :mod:`remote_partitioner.proto.graph_check`.
@@ -55,6 +57,12 @@ from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, e
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.graphs import graph_modules, op_from_name, op_name, target_name
 from remote_partitioner.proto.codec.meta_values import decode_meta_value, encode_meta_value
+from remote_partitioner.proto.codec.preprocess import (
+    apply_node_meta,
+    decode_preprocess_result,
+    encode_preprocess_result,
+    extra_node_meta,
+)
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.graph_check import check_target, checked_graph_json
 from remote_partitioner.proto.program_errors import (
@@ -77,13 +85,17 @@ __all__ = [
     "ProgramDecodeError",
     "ProgramEncodeError",
     "UnrepresentableMeta",
+    "apply_node_meta",
     "check_target",
     "checked_graph_json",
     "decode_meta_value",
+    "decode_preprocess_result",
     "decode_program",
     "digest_of",
     "encode_meta_value",
+    "encode_preprocess_result",
     "encode_program",
+    "extra_node_meta",
     "fingerprint",
     "first_difference",
     "graph_digests",

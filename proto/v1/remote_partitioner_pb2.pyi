@@ -344,12 +344,14 @@ class ServerVersions(_message.Message):
     def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
-    __slots__ = ("partitioners", "versions")
+    __slots__ = ("partitioners", "versions", "backends")
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
     versions: ServerVersions
-    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ...) -> None: ...
+    backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ...) -> None: ...
 
 class FindMissingBlobsRequest(_message.Message):
     __slots__ = ("digests",)
@@ -610,3 +612,121 @@ class ReportPartition(_message.Message):
     backend_id: str
     nodes: int
     def __init__(self, id: _Optional[str] = ..., backend_id: _Optional[str] = ..., nodes: _Optional[int] = ...) -> None: ...
+
+class BackendInfo(_message.Message):
+    __slots__ = ("backend_id", "description", "module")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    description: str
+    module: str
+    def __init__(self, backend_id: _Optional[str] = ..., description: _Optional[str] = ..., module: _Optional[str] = ...) -> None: ...
+
+class PreprocessRequest(_message.Message):
+    __slots__ = ("backend_id", "multimethod", "methods")
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    MULTIMETHOD_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    backend_id: str
+    multimethod: bool
+    methods: _containers.RepeatedCompositeFieldContainer[PreprocessMethod]
+    def __init__(self, backend_id: _Optional[str] = ..., multimethod: _Optional[bool] = ..., methods: _Optional[_Iterable[_Union[PreprocessMethod, _Mapping]]] = ...) -> None: ...
+
+class PreprocessMethod(_message.Message):
+    __slots__ = ("name", "programs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    programs: _containers.RepeatedCompositeFieldContainer[PreprocessInput]
+    def __init__(self, name: _Optional[str] = ..., programs: _Optional[_Iterable[_Union[PreprocessInput, _Mapping]]] = ...) -> None: ...
+
+class PreprocessInput(_message.Message):
+    __slots__ = ("program_digest", "compile_specs", "node_meta")
+    PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SPECS_FIELD_NUMBER: _ClassVar[int]
+    NODE_META_FIELD_NUMBER: _ClassVar[int]
+    program_digest: Digest
+    compile_specs: _containers.RepeatedCompositeFieldContainer[CompileSpec]
+    node_meta: _containers.RepeatedCompositeFieldContainer[MetaUpdate]
+    def __init__(self, program_digest: _Optional[_Union[Digest, _Mapping]] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., node_meta: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
+
+class PreprocessResponse(_message.Message):
+    __slots__ = ("methods",)
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    methods: _containers.RepeatedCompositeFieldContainer[PreprocessMethodResult]
+    def __init__(self, methods: _Optional[_Iterable[_Union[PreprocessMethodResult, _Mapping]]] = ...) -> None: ...
+
+class PreprocessMethodResult(_message.Message):
+    __slots__ = ("name", "results")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    results: _containers.RepeatedCompositeFieldContainer[PreprocessOutput]
+    def __init__(self, name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[PreprocessOutput, _Mapping]]] = ...) -> None: ...
+
+class PreprocessOutput(_message.Message):
+    __slots__ = ("processed_bytes", "processed_inline", "has_debug_handle_map", "debug_handle_map", "data_store_output", "delegate_info_meta")
+    PROCESSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_INLINE_FIELD_NUMBER: _ClassVar[int]
+    HAS_DEBUG_HANDLE_MAP_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_HANDLE_MAP_FIELD_NUMBER: _ClassVar[int]
+    DATA_STORE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_INFO_META_FIELD_NUMBER: _ClassVar[int]
+    processed_bytes: Digest
+    processed_inline: bytes
+    has_debug_handle_map: bool
+    debug_handle_map: _containers.RepeatedCompositeFieldContainer[DebugHandleEntry]
+    data_store_output: NamedDataOutput
+    delegate_info_meta: MetaValue
+    def __init__(self, processed_bytes: _Optional[_Union[Digest, _Mapping]] = ..., processed_inline: _Optional[bytes] = ..., has_debug_handle_map: _Optional[bool] = ..., debug_handle_map: _Optional[_Iterable[_Union[DebugHandleEntry, _Mapping]]] = ..., data_store_output: _Optional[_Union[NamedDataOutput, _Mapping]] = ..., delegate_info_meta: _Optional[_Union[MetaValue, _Mapping]] = ...) -> None: ...
+
+class DebugHandleEntry(_message.Message):
+    __slots__ = ("int_key", "str_key", "handles")
+    INT_KEY_FIELD_NUMBER: _ClassVar[int]
+    STR_KEY_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    int_key: int
+    str_key: str
+    handles: MetaValue
+    def __init__(self, int_key: _Optional[int] = ..., str_key: _Optional[str] = ..., handles: _Optional[_Union[MetaValue, _Mapping]] = ...) -> None: ...
+
+class NamedDataOutput(_message.Message):
+    __slots__ = ("buffers", "pte_data", "external_data")
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    PTE_DATA_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_DATA_FIELD_NUMBER: _ClassVar[int]
+    buffers: _containers.RepeatedCompositeFieldContainer[Digest]
+    pte_data: _containers.RepeatedCompositeFieldContainer[NamedDataEntry]
+    external_data: _containers.RepeatedCompositeFieldContainer[ExternalNamedData]
+    def __init__(self, buffers: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ..., pte_data: _Optional[_Iterable[_Union[NamedDataEntry, _Mapping]]] = ..., external_data: _Optional[_Iterable[_Union[ExternalNamedData, _Mapping]]] = ...) -> None: ...
+
+class NamedDataEntry(_message.Message):
+    __slots__ = ("key", "buffer_index", "alignment", "tensor_layout")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    buffer_index: int
+    alignment: int
+    tensor_layout: NamedTensorLayout
+    def __init__(self, key: _Optional[str] = ..., buffer_index: _Optional[int] = ..., alignment: _Optional[int] = ..., tensor_layout: _Optional[_Union[NamedTensorLayout, _Mapping]] = ...) -> None: ...
+
+class NamedTensorLayout(_message.Message):
+    __slots__ = ("scalar_type", "sizes", "dim_order")
+    SCALAR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    DIM_ORDER_FIELD_NUMBER: _ClassVar[int]
+    scalar_type: int
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    dim_order: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, scalar_type: _Optional[int] = ..., sizes: _Optional[_Iterable[int]] = ..., dim_order: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ExternalNamedData(_message.Message):
+    __slots__ = ("filename", "entries")
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    filename: str
+    entries: _containers.RepeatedCompositeFieldContainer[NamedDataEntry]
+    def __init__(self, filename: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NamedDataEntry, _Mapping]]] = ...) -> None: ...

@@ -75,6 +75,11 @@ class RemotePartitionerStub:
                 request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.SerializeToString,
                 response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.FromString,
                 _registered_method=True)
+        self.Preprocess = channel.unary_unary(
+                '/remote_partitioner.v1.RemotePartitioner/Preprocess',
+                request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.SerializeToString,
+                response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.FromString,
+                _registered_method=True)
 
 
 class RemotePartitionerServicer:
@@ -215,6 +220,39 @@ class RemotePartitionerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Preprocess(self, request, context):
+        """Runs a hosted backend's `preprocess` (its compiler), as `to_backend` would in the client
+        process: `BackendDetails.preprocess(program, compile_specs)` for one program, or
+        `BackendDetails.preprocess_multimethod(programs, compile_specs)` for the partitions of
+        several methods. The programs are referred to by digest (blobs the server already holds,
+        weights included, are not sent again); each result's processed bytes and named data
+        buffers are blobs the server holds, small processed bytes also inline.
+
+        Status codes:
+        * OK: one result per program, in request order.
+        * NOT_FOUND: the server hosts no backend with that id; the message lists the hosted ids
+        (reason `UNKNOWN_BACKEND`).
+        * INVALID_ARGUMENT: no program, `preprocess` with more than one, a program that cannot be
+        decoded or whose graph names a target outside the allow-list (reason
+        `INVALID_PROGRAM`), a malformed digest (reason `INVALID_DIGEST`), or the backend's
+        preprocess raised (reason `PARTITIONER_RAISED`, with the exception's class, message and
+        traceback in the ErrorInfo metadata).
+        * FAILED_PRECONDITION: a blob a program refers to is missing (reason `BLOB_MISSING`; the
+        client uploads it and retries), or a rebuilt program differs from the client's
+        fingerprint (reason `FINGERPRINT_MISMATCH`).
+        * DATA_LOSS: a blob's size does not match what a program declares (reason
+        `SIZE_MISMATCH`).
+        * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason
+        `OVERLOADED`, with `RetryInfo`).
+        * DEADLINE_EXCEEDED: the deadline passed before preprocess started (reason
+        `DEADLINE_PASSED`).
+        * INTERNAL: a result that cannot be represented on the wire (reason
+        `UNREPRESENTABLE_RESULT`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RemotePartitionerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -257,6 +295,11 @@ def add_RemotePartitionerServicer_to_server(servicer, server):
                     servicer.Lower,
                     request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.FromString,
                     response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.SerializeToString,
+            ),
+            'Preprocess': grpc.unary_unary_rpc_method_handler(
+                    servicer.Preprocess,
+                    request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.FromString,
+                    response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +519,33 @@ class RemotePartitioner:
             '/remote_partitioner.v1.RemotePartitioner/Lower',
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerRequest.SerializeToString,
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.LowerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Preprocess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_partitioner.v1.RemotePartitioner/Preprocess',
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.SerializeToString,
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.FromString,
             options,
             channel_credentials,
             insecure,
