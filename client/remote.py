@@ -132,6 +132,11 @@ class RemotePartitioner(Partitioner):
         remote_preprocess: run the backend's ``preprocess`` on the server even when this
             process can import the backend. Without it, preprocess runs on the server only for
             a backend this process cannot import (see :mod:`remote_partitioner.client.preprocess`).
+        withhold_tensors: send each hook's program without its tensors' data (metadata only)
+            to a server that accepts it, and send the data only when the server answers that
+            the hosted hook used the values (``TENSOR_DATA_REQUIRED``). The answer is the same
+            either way; with it, a model's weights are neither hashed nor uploaded for hooks
+            that decide from the graph, shapes and dtypes. ``Preprocess`` always sends them.
 
     After each ``partition()``, ``rejections`` lists every call_function node the hosted
     partitioner left untagged, with why (:class:`~remote_partitioner.client.report.Rejection`:
@@ -155,6 +160,7 @@ class RemotePartitioner(Partitioner):
         max_retries: int = 5,
         memoize: bool = True,
         remote_preprocess: bool = False,
+        withhold_tensors: bool = True,
     ) -> None:
         super().__init__(dict(spec or {}))
         self.target = target
@@ -164,6 +170,7 @@ class RemotePartitioner(Partitioner):
         self.max_retries = max_retries
         self.memoize = memoize
         self.remote_preprocess = remote_preprocess
+        self.withhold_tensors = withhold_tensors
         #: Backend ids whose preprocess ``partition()`` routed to the server.
         self._remote_backends: set[str] = set()
         self._listing: pb.ListPartitionersResponse | None = None
@@ -189,16 +196,21 @@ class RemotePartitioner(Partitioner):
         #: The last partition()'s delegation by backend id (see the class doc).
         self.delegated: dict[str, report.Delegated] = {}
         #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
-        #: graphs (graph JSON and Program messages); hook calls answered from memory; hook
-        #: calls made again after UNAVAILABLE (a replica went away), and after BLOB_MISSING
-        #: although their blobs had been uploaded (evicted, or another replica answered), and
-        #: after the server refused them as overloaded (RetryInfo: too many hook calls, or too
-        #: many upload bytes in flight). Preprocess: calls, bytes of results read back with
-        #: ``ReadBlobs`` and processed bytes received.
+        #: graphs (graph JSON and Program messages) and the bytes of tensor data (weights,
+        #: buffers, constants); hook calls answered from memory; hook calls sent with their
+        #: tensors withheld, and of those the ones the server answered TENSOR_DATA_REQUIRED
+        #: (sent again with the data); hook calls made again after UNAVAILABLE (a replica
+        #: went away), and after BLOB_MISSING although their blobs had been uploaded
+        #: (evicted, or another replica answered), and after the server refused them as
+        #: overloaded (RetryInfo: too many hook calls, or too many upload bytes in flight).
+        #: Preprocess: calls, bytes of results read back with ``ReadBlobs`` and processed
+        #: bytes received.
         self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
-                      "graph_bytes_uploaded": 0, "memo_hits": 0, "unavailable_retries": 0,
-                      "blob_missing_retries": 0, "overloaded_retries": 0,
-                      "preprocess_calls": 0, "bytes_read": 0, "processed_bytes": 0}
+                      "graph_bytes_uploaded": 0, "tensor_bytes_uploaded": 0, "memo_hits": 0,
+                      "withheld_calls": 0, "tensor_data_requests": 0,
+                      "unavailable_retries": 0, "blob_missing_retries": 0,
+                      "overloaded_retries": 0, "preprocess_calls": 0, "bytes_read": 0,
+                      "processed_bytes": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -305,9 +317,12 @@ class RemotePartitioner(Partitioner):
         graphs: set[str],
     ) -> None:
         missing = upload_missing(self._rpc, self.stub, digests, blobs)
+        graph_bytes = sum(d.size_bytes for d in missing if d.hash in graphs)
+        total = sum(d.size_bytes for d in missing)
         self.stats["blobs_uploaded"] += len(missing)
-        self.stats["bytes_uploaded"] += sum(d.size_bytes for d in missing)
-        self.stats["graph_bytes_uploaded"] += sum(d.size_bytes for d in missing if d.hash in graphs)
+        self.stats["bytes_uploaded"] += total
+        self.stats["graph_bytes_uploaded"] += graph_bytes
+        self.stats["tensor_bytes_uploaded"] += total - graph_bytes
 
     def _call_hook(
         self, rpc: str, make: Callable[[pb.Digest], Any], ep: ExportedProgram
@@ -330,21 +345,42 @@ class RemotePartitioner(Partitioner):
             request.rng_state = rng
             return request
 
-        response, encoded = self._encode_and_call(getattr(self.stub, rpc), make_with_rng, ep)
+        method = getattr(self.stub, rpc)
+        response: Any = None
+        encoded: codec.EncodedProgram | None = None
+        if self.withhold_tensors and self._server_listing().accepts_withheld_tensors:
+            # First without the tensors' data: most hooks decide from the graph, shapes and
+            # dtypes, and the server notices exactly when one does not.
+            self.stats["withheld_calls"] += 1
+            try:
+                response, encoded = self._encode_and_call(
+                    method, make_with_rng, ep, withhold=True
+                )
+            except RemotePartitionerError as e:
+                if e.reason != errors.Reason.TENSOR_DATA_REQUIRED:
+                    raise
+                self.stats["tensor_data_requests"] += 1
+        if encoded is None:
+            response, encoded = self._encode_and_call(method, make_with_rng, ep)
         if snapshot is not None:
             self._memo[rpc] = (snapshot, response, encoded, rng)
         _apply_rng_state(response)
         return response, encoded
 
     def _encode_and_call(
-        self, method: Callable[..., Any], make: Callable[[pb.Digest], Any], ep: ExportedProgram
+        self,
+        method: Callable[..., Any],
+        make: Callable[[pb.Digest], Any],
+        ep: ExportedProgram,
+        *,
+        withhold: bool = False,
     ) -> tuple[Any, codec.EncodedProgram]:
-        """Encode ``ep`` and call ``method`` with the program's digest; on BLOB_MISSING upload
-        what the server lacks and call again (up to three uploads: a blob can be evicted, or
-        the call reach another replica, in between); on UNAVAILABLE (the replica went away)
-        call again, up to ``max_retries`` times with a growing pause, on the replica the
-        channel fails over to."""
-        encoded = self._encode(ep)
+        """Encode ``ep`` (its tensors' data withheld if ``withhold``) and call ``method`` with
+        the program's digest; on BLOB_MISSING upload what the server lacks and call again (up
+        to three uploads: a blob can be evicted, or the call reach another replica, in
+        between); on UNAVAILABLE (the replica went away) call again, up to ``max_retries``
+        times with a growing pause, on the replica the channel fails over to."""
+        encoded = self._encode(ep, withhold=withhold)
         # The program message itself crosses as a blob, so that a program the server has
         # seen before, from any client, costs one small request.
         program = encoded.message.SerializeToString(deterministic=True)
@@ -354,9 +390,9 @@ class RemotePartitioner(Partitioner):
         graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
         return self._call_with_blobs(method, lambda: make(ref), blobs, digests, graphs), encoded
 
-    def _encode(self, ep: ExportedProgram) -> codec.EncodedProgram:
+    def _encode(self, ep: ExportedProgram, *, withhold: bool = False) -> codec.EncodedProgram:
         try:
-            return codec.encode_program(ep, digests=self._digests)
+            return codec.encode_program(ep, digests=self._digests, withhold=withhold)
         except codec.ProgramEncodeError as e:
             raise RemotePartitionerError(
                 f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,

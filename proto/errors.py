@@ -48,6 +48,9 @@ class Reason(str, enum.Enum):
     STREAM_IDLE = "STREAM_IDLE"
     #: ``Preprocess`` named a backend id the server does not host; the message lists them.
     UNKNOWN_BACKEND = "UNKNOWN_BACKEND"
+    #: A hook on a program with withheld tensors used one for more than its metadata: the
+    #: client sends the program again with its tensors' data.
+    TENSOR_DATA_REQUIRED = "TENSOR_DATA_REQUIRED"
 
 
 _C = grpc.StatusCode
@@ -75,6 +78,7 @@ STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
         Reason.DEADLINE_PASSED: _C.DEADLINE_EXCEEDED,
         Reason.STREAM_IDLE: _C.DEADLINE_EXCEEDED,
         Reason.UNKNOWN_BACKEND: _C.NOT_FOUND,
+        Reason.TENSOR_DATA_REQUIRED: _C.FAILED_PRECONDITION,
     }
 )
 
@@ -121,3 +125,6 @@ EXCEPTION_TRACEBACK = "traceback"
 SPEC_KEY = "spec_key"
 EXPECTED_TYPE = "expected_type"
 BLOB_DIGEST = "digest"
+# ErrorInfo.metadata keys of TENSOR_DATA_REQUIRED: the first withheld tensor a hook used, how.
+TENSOR_NAME = "tensor"
+TENSOR_USE = "operation"

@@ -155,8 +155,10 @@ def ops_to_not_decompose(
 def transform_for_pre_decomposition(
     partitioner: Partitioner, ep: ExportedProgram
 ) -> ExportedProgram | None:
-    """Run ``transform_for_pre_decomposition(ep)``; None when it returned ``ep`` unchanged."""
+    """Run ``transform_for_pre_decomposition(ep)``; None when it returned ``ep`` unchanged:
+    the same object, the same graph, and the same tensor objects, none written in place."""
     before = codec.fingerprint(ep)
+    tensors = _tensor_versions(ep)
     out = _call(partitioner.transform_for_pre_decomposition, ep)
     if not isinstance(out, ExportedProgram):
         raise PartitionerRaised(
@@ -165,9 +167,22 @@ def transform_for_pre_decomposition(
                 "not an ExportedProgram"
             )
         )
-    if out is ep and codec.first_difference(before, codec.fingerprint(out)) is None:
+    if (
+        out is ep
+        and codec.first_difference(before, codec.fingerprint(out)) is None
+        and _tensor_versions(out) == tensors
+    ):
         return None
     return out
+
+
+def _tensor_versions(ep: ExportedProgram) -> dict[str, tuple[int, int]]:
+    """Each state_dict and constant tensor by name: its identity and version counter."""
+    return {
+        f"{kind}:{name}": (id(t), getattr(t, "_version", 0))
+        for kind, tensors in (("state_dict", ep.state_dict), ("constants", ep.constants))
+        for name, t in tensors.items()
+    }
 
 
 __all__ = [

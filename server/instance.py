@@ -35,13 +35,15 @@ from remote_partitioner.proto.errors import (
     EXCEPTION_TYPE,
     EXPECTED_TYPE,
     SPEC_KEY,
+    TENSOR_NAME,
+    TENSOR_USE,
     Reason,
     ServiceError,
 )
 from remote_partitioner.proto.spec import spec_value
 from remote_partitioner.proto.transport import hook_to_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server import hooks
+from remote_partitioner.server import hooks, value_reads
 from remote_partitioner.server import preprocess as preprocess_runner
 from remote_partitioner.server.backend_registry import (
     BackendRegistry,
@@ -283,7 +285,9 @@ class PartitionerInstance:
 
     def list_partitioners(self) -> pb.ListPartitionersResponse:
         """The hosted partitioners, their spec keys and hooks, and this server's versions."""
-        response = pb.ListPartitionersResponse(versions=server_versions())
+        response = pb.ListPartitionersResponse(
+            versions=server_versions(), accepts_withheld_tensors=True
+        )
         for name in self.registry.names():
             hosted = self.registry.get(name)
             info = response.partitioners.add(
@@ -375,6 +379,12 @@ class PartitionerInstance:
             out = hooks.transform_for_pre_decomposition(partitioner, ep)
             if out is None:
                 return pb.TransformForPreDecompositionResponse(unchanged=True)
+            if value_reads.is_watching():
+                # The new program goes back with its tensors' data, which this one withholds.
+                raise value_reads.TensorDataRequired(
+                    "the transform returned another program, whose tensors are sent back "
+                    "with their data"
+                )
             encoded = codec.encode_program(out)
             for h, data in encoded.blobs.items():
                 raw = bytes(data)
@@ -394,6 +404,11 @@ class PartitionerInstance:
 
         A request whose bytes were answered before, and whose blobs (and the answer's) are
         all still held, is answered from the result cache, without a turn.
+
+        A program that withholds tensors (``TensorRef.withheld``) is rebuilt with fakes in
+        their place and the hook watched (:mod:`.value_reads`): if it used a withheld tensor
+        for more than its metadata, its answer (or exception) is dropped and the client is
+        asked for the data (TENSOR_DATA_REQUIRED).
         """
         partitioner = self.partitioner(request.partitioner)
         rng_state = _rng_state(request.rng_state)
@@ -404,22 +419,49 @@ class PartitionerInstance:
             cached = self.results.get(key, _RESPONSES[rpc])
             if cached is not None and self._held(_response_digests(cached)):
                 return cached  # type: ignore[return-value]
+        withheld = codec.has_withheld(program)
         with self.turn(time_remaining):
-            ep = self._decode(program)
+            ep = self._decode(program, value_reads.Withheld() if withheld else None)
             _deadline_passed(time_remaining)
+            watch = value_reads.watching() if withheld else contextlib.nullcontext()
+            reads = None
             try:
                 # The turn is the process's one hook slot: nothing else uses the generator
                 # between setting the caller's state and reading it back.
-                with _caller_rng(rng_state) as after:
+                with _caller_rng(rng_state) as after, watch as reads:
                     response = hook(partitioner, ep)
+            except value_reads.TensorDataRequired as e:
+                raise self._data_required(rpc, str(e), None) from e
             except hooks.PartitionerRaised as e:
+                if reads:
+                    raise self._data_required(rpc, None, reads) from e
                 raise partitioner_raised(e.remote) from e
             except (codec.UnrepresentableMeta, codec.ProgramEncodeError) as e:
+                if reads:
+                    raise self._data_required(rpc, None, reads) from e
                 raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
+            if reads:
+                raise self._data_required(rpc, None, reads)
             if after:
                 response.rng_state = after[0]  # type: ignore[attr-defined]
         self.results.put(key, response)
         return response
+
+    @staticmethod
+    def _data_required(
+        rpc: str, why: str | None, reads: value_reads.ValueReads | None
+    ) -> ServiceError:
+        """TENSOR_DATA_REQUIRED for a hook on a program with withheld tensors."""
+        info: dict[str, str] = {}
+        if reads:
+            info = {TENSOR_NAME: reads.tensor or "", TENSOR_USE: reads.operation or ""}
+            why = f"the hosted partitioner used {reads.describe()}"
+        return ServiceError(
+            Reason.TENSOR_DATA_REQUIRED,
+            f"{rpc}: {why}, so its answer may depend on tensor values: send the program "
+            "again with its tensors' data",
+            info,
+        )
 
     # ------------------------------------------------------------------ preprocess
 
@@ -701,9 +743,11 @@ class PartitionerInstance:
     def _held(self, digests: Iterable[pb.Digest]) -> bool:
         return all(self.blobs.has(d.hash, d.size_bytes) for d in digests)
 
-    def _decode(self, program: pb.Program) -> ExportedProgram:
+    def _decode(
+        self, program: pb.Program, withheld: codec.WithheldTensors | None = None
+    ) -> ExportedProgram:
         try:
-            return codec.decode_program(program, self._blob)
+            return codec.decode_program(program, self._blob, withheld=withheld)
         except codec.BlobMissing as e:
             raise ServiceError(
                 Reason.BLOB_MISSING, f"{e}; upload it and call again",

@@ -51,8 +51,8 @@ client's graph from naming code are :mod:`remote_partitioner.proto.graph_check`.
 
 from __future__ import annotations
 
-from remote_partitioner.proto.codec.blob_digests import graph_digests, iter_digests
-from remote_partitioner.proto.codec.decode import decode_program
+from remote_partitioner.proto.codec.blob_digests import graph_digests, has_withheld, iter_digests
+from remote_partitioner.proto.codec.decode import WithheldTensors, decode_program
 from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, encode_program
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.graphs import graph_modules, op_from_name, op_name, target_name
@@ -85,6 +85,7 @@ __all__ = [
     "ProgramDecodeError",
     "ProgramEncodeError",
     "UnrepresentableMeta",
+    "WithheldTensors",
     "apply_node_meta",
     "check_target",
     "checked_graph_json",
@@ -100,6 +101,7 @@ __all__ = [
     "first_difference",
     "graph_digests",
     "graph_modules",
+    "has_withheld",
     "iter_digests",
     "op_from_name",
     "op_name",

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
-__all__ = ["graph_digests", "iter_digests"]
+__all__ = ["graph_digests", "has_withheld", "iter_digests"]
 
 
 def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
@@ -21,11 +21,20 @@ def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]
     ``nested`` is false."""
     yield msg.graph
     for r in (*msg.state_dict, *msg.constants):
-        if not r.fake:
+        if not (r.fake or r.withheld):
             yield r.storage
     for m in msg.module_tensors:
-        if not m.tensor.fake:
+        if not (m.tensor.fake or m.tensor.withheld):
             yield m.tensor.storage
     if nested:
         for lm in msg.lowered_modules:
             yield from iter_digests(lm.original_program)
+
+
+def has_withheld(msg: pb.Program) -> bool:
+    """Whether the message, or a nested lowered program, withholds a tensor's data."""
+    if any(r.withheld for r in (*msg.state_dict, *msg.constants)):
+        return True
+    if any(m.tensor.withheld for m in msg.module_tensors):
+        return True
+    return any(has_withheld(lm.original_program) for lm in msg.lowered_modules)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.export import ExportedProgram
@@ -25,7 +25,20 @@ from remote_partitioner.proto.program_errors import (
 )
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
-__all__ = ["Decoder", "decode_program"]
+__all__ = ["Decoder", "WithheldTensors", "decode_program"]
+
+
+class WithheldTensors(Protocol):
+    """How a decoder rebuilds the tensors a client withheld (``TensorRef.withheld``): as
+    ``FakeTensor`` s of :attr:`fake_mode` sharing storage as the client's did, each passed
+    through :meth:`mark` (the server's watch of how a hook uses them)."""
+
+    @property
+    def fake_mode(self) -> Any:
+        """The ``FakeTensorMode`` the withheld tensors belong to."""
+
+    def mark(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """``t``, the stand-in for withheld tensor ``name``, as it goes into the program."""
 
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -62,6 +75,18 @@ def _check_numel(ref: pb.TensorRef, sizes: list[int]) -> None:
         )
 
 
+def _check_extent(
+    ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int], nbytes: int
+) -> None:
+    """:class:`ProgramDecodeError` if the tensor would reach beyond a storage of ``nbytes``."""
+    if math.prod(sizes):
+        last = ref.storage_offset + sum((s - 1) * st for s, st in zip(sizes, strides, strict=True))
+        if any(st < 0 for st in strides) or (last + 1) * dtype.itemsize > nbytes:
+            raise ProgramDecodeError(
+                f"tensor {ref.name!r} reaches beyond its storage of {nbytes} bytes"
+            )
+
+
 def _check_shape(ref: pb.TensorRef, sizes: list[int], strides: list[int]) -> None:
     """:class:`ProgramDecodeError` unless these sizes, strides and offset are well-formed (the
     element count and storage are checked as the tensor is built)."""
@@ -73,9 +98,16 @@ class Decoder:
     """Rebuilds the program of one message and its lowered modules' original programs, which
     share the storages and tensors they have in common: one instance per message."""
 
-    def __init__(self, blobs: Callable[[pb.Digest], bytes | bytearray | memoryview]) -> None:
+    def __init__(
+        self,
+        blobs: Callable[[pb.Digest], bytes | bytearray | memoryview],
+        withheld: WithheldTensors | None = None,
+    ) -> None:
         self._get_blob = blobs
+        self._withheld = withheld
         self._storages: dict[str, torch.UntypedStorage] = {}
+        # withheld storage number -> its fake storage
+        self._withheld_storages: dict[int, torch.UntypedStorage] = {}
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def blob(self, digest: pb.Digest) -> bytes | bytearray | memoryview:
@@ -118,6 +150,8 @@ class Decoder:
         dtype = _dtype(ref)
         sizes, strides = list(ref.sizes), list(ref.strides)
         _check_shape(ref, sizes, strides)
+        if ref.withheld:
+            return self._withheld_tensor(ref, dtype, sizes, strides)
         key = (ref.storage.hash, ref.dtype, tuple(sizes), tuple(strides), ref.storage_offset,
                ref.fake, ref.is_parameter, ref.requires_grad)
         if not ref.fake and key in self._tensors:
@@ -153,17 +187,65 @@ class Decoder:
         if not ref.HasField("storage"):
             raise ProgramDecodeError(f"tensor {ref.name!r} has no storage")
         storage = self.storage(ref.storage)
-        if math.prod(sizes):
-            last = ref.storage_offset + sum(
-                (s - 1) * st for s, st in zip(sizes, strides, strict=True)
-            )
-            if any(st < 0 for st in strides) or (last + 1) * dtype.itemsize > storage.nbytes():
-                raise ProgramDecodeError(
-                    f"tensor {ref.name!r} reaches beyond its storage of "
-                    f"{storage.nbytes()} bytes"
-                )
+        _check_extent(ref, dtype, sizes, strides, storage.nbytes())
         _check_numel(ref, sizes)
         return torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
+
+    def _withheld_tensor(
+        self, ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int]
+    ) -> torch.Tensor:
+        """The stand-in for a withheld tensor: a ``FakeTensor`` of the withheld fake mode on
+        the fake storage its number names (one tensor object per distinct ``ref``), marked.
+
+        Raises:
+            ProgramDecodeError: no withheld mode was given (this call needs tensor data), the
+                ref also names a storage or is fake, its storage number was declared with
+                another size, or it reaches beyond that storage.
+        """
+        if self._withheld is None:
+            raise ProgramDecodeError(
+                f"tensor {ref.name!r} is withheld; this call needs the tensors' data"
+            )
+        if ref.HasField("storage") or ref.fake:
+            raise ProgramDecodeError(
+                f"tensor {ref.name!r} is withheld and also names a storage or is fake"
+            )
+        nbytes = ref.withheld_storage_bytes
+        if nbytes < 0:
+            raise ProgramDecodeError(f"tensor {ref.name!r}: negative withheld_storage_bytes")
+        _check_extent(ref, dtype, sizes, strides, nbytes)
+        _check_numel(ref, sizes)
+        key = ("withheld", ref.withheld_storage, ref.dtype, tuple(sizes), tuple(strides),
+               ref.storage_offset, ref.is_parameter, ref.requires_grad)
+        if key in self._tensors:
+            return self._tensors[key]
+        mode = self._withheld.fake_mode
+        storage = self._withheld_storages.get(ref.withheld_storage)
+        if storage is None:
+            with mode:
+                storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+            self._withheld_storages[ref.withheld_storage] = storage
+        elif storage.nbytes() != nbytes:
+            raise ProgramDecodeError(
+                f"tensor {ref.name!r}: withheld storage {ref.withheld_storage} is declared "
+                f"with {nbytes} bytes here and {storage.nbytes()} bytes before"
+            )
+        with mode:
+            t = torch.empty(0, dtype=dtype).set_(  # type: ignore[call-overload]
+                storage, ref.storage_offset, sizes, strides
+            )
+        if ref.is_parameter:
+            if ref.requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+                raise ProgramDecodeError(
+                    f"tensor {ref.name!r}: a parameter of dtype {ref.dtype} cannot require "
+                    "gradients"
+                )
+            t = torch.nn.Parameter(t, requires_grad=ref.requires_grad)
+        elif ref.requires_grad and t.is_floating_point():
+            t.requires_grad_(True)
+        t = self._withheld.mark(t, ref.name)
+        self._tensors[key] = t
+        return t
 
     def program(self, msg: pb.Program) -> ExportedProgram:
         """The program ``msg`` describes, repaired and checked against its fingerprint.
@@ -215,7 +297,10 @@ class Decoder:
 
 
 def decode_program(
-    msg: pb.Program, blobs: Callable[[pb.Digest], bytes | bytearray | memoryview]
+    msg: pb.Program,
+    blobs: Callable[[pb.Digest], bytes | bytearray | memoryview],
+    *,
+    withheld: WithheldTensors | None = None,
 ) -> ExportedProgram:
     """Rebuild the ExportedProgram a Program message describes.
 
@@ -224,6 +309,8 @@ def decode_program(
         blobs: Returns a blob's bytes by digest; raises :class:`BlobMissing` if it has none.
             The tensors of a writable buffer share its memory (no copy is made: the caller
             must not reuse it for anything else); a read-only buffer is copied.
+        withheld: How to rebuild withheld tensors (``TensorRef.withheld``); without it a
+            withheld tensor is a :class:`ProgramDecodeError`.
 
     Raises:
         BlobMissing: a blob the program names is not available.
@@ -231,7 +318,7 @@ def decode_program(
         FingerprintMismatch: the rebuilt program differs from the client's fingerprint.
     """
     try:
-        return Decoder(blobs).program(msg)
+        return Decoder(blobs, withheld).program(msg)
     except CodecError:
         raise
     except Exception as e:

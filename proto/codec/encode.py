@@ -44,6 +44,10 @@ class EncodedProgram:
 
     message: pb.Program
     blobs: dict[str, memoryview | bytes]
+    #: Real tensors sent as metadata only (``encode_program(..., withhold=True)``), and the
+    #: bytes of their distinct storages.
+    withheld_tensors: int = 0
+    withheld_bytes: int = 0
 
     def digests(self) -> list[pb.Digest]:
         """Every blob digest the message refers to, once each."""
@@ -98,11 +102,19 @@ class Encoder:
     """Encodes one program and the original programs of its lowered modules, collecting the
     blobs they name (each storage once) in :attr:`blobs`."""
 
-    def __init__(self, digests: DigestCache | None) -> None:
+    def __init__(self, digests: DigestCache | None, *, withhold: bool = False) -> None:
         self.blobs: dict[str, memoryview | bytes] = {}
         self.digests = digests or DigestCache()
+        #: Send real tensors as metadata only (``TensorRef.withheld``): no storage is read,
+        #: hashed or added to the blobs.
+        self.withhold = withhold
+        #: How many real tensors were withheld, and the bytes of their distinct storages.
+        self.withheld_tensors = 0
+        self.withheld_bytes = 0
         # storage key -> digest, for this encoding
         self._storages: dict[tuple[int, int], pb.Digest] = {}
+        # storage key -> the number naming a withheld storage in this encoding
+        self._withheld: dict[tuple[int, int], int] = {}
         # ``from_node`` graph ids (addresses of this process's graphs) -> 0, 1, 2, ...
         self._graph_ids: dict[int, int] = {}
         # numeric ``nn_module_stack`` keys (addresses of this process's modules) -> 0, 1, ...
@@ -176,7 +188,8 @@ class Encoder:
         return d
 
     def tensor(self, name: str, t: torch.Tensor) -> pb.TensorRef:
-        """``t`` as a TensorRef, its storage added to the blobs (a FakeTensor: metadata only).
+        """``t`` as a TensorRef, its storage added to the blobs (a FakeTensor: metadata only;
+        with :attr:`withhold`, a real tensor too, marked withheld).
 
         Raises:
             ProgramEncodeError: ``t`` is not a tensor, or not a dense CPU one.
@@ -205,6 +218,16 @@ class Encoder:
             )
         storage = t.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
+        if self.withhold:
+            number = self._withheld.get(key)
+            if number is None:
+                number = self._withheld[key] = len(self._withheld)
+                self.withheld_bytes += storage.nbytes()
+            self.withheld_tensors += 1
+            ref.withheld = True
+            ref.withheld_storage = number
+            ref.withheld_storage_bytes = storage.nbytes()
+            return ref
         digest = self._storages.get(key)
         if digest is None:
             data = _storage_bytes(t)
@@ -282,18 +305,27 @@ def _node_metadata(
                 )
 
 
-def encode_program(ep: ExportedProgram, *, digests: DigestCache | None = None) -> EncodedProgram:
+def encode_program(
+    ep: ExportedProgram, *, digests: DigestCache | None = None, withhold: bool = False
+) -> EncodedProgram:
     """Encode ``ep`` as a Program message and the blobs it names.
 
     Args:
         ep: An ATen or Edge program. Its state_dict may hold ``FakeTensor``s (they cross as
             metadata only); its constants and other tensors must be dense CPU tensors.
         digests: A cache of storage digests, so that a storage is hashed once per lowering.
+        withhold: Send every real tensor (parameters, buffers, constants, module tensors, the
+            lowered modules' programs' too) as metadata only: ``TensorRef.withheld``, with a
+            number per distinct storage so that shared storage stays shared. No tensor data is
+            read or hashed, and the blobs hold the graphs only.
 
     Raises:
         ProgramEncodeError: the program holds something that cannot cross (custom objects,
             non-CPU tensors, a node the serializer refuses).
     """
-    encoder = Encoder(digests)
+    encoder = Encoder(digests, withhold=withhold)
     message = encoder.program(ep)
-    return EncodedProgram(message=message, blobs=encoder.blobs)
+    return EncodedProgram(
+        message=message, blobs=encoder.blobs, withheld_tensors=encoder.withheld_tensors,
+        withheld_bytes=encoder.withheld_bytes,
+    )

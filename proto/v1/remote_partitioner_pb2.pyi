@@ -108,7 +108,7 @@ class DelegationSpec(_message.Message):
     def __init__(self, backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ...) -> None: ...
 
 class TensorRef(_message.Message):
-    __slots__ = ("name", "dtype", "sizes", "strides", "storage_offset", "storage", "fake", "is_parameter", "requires_grad")
+    __slots__ = ("name", "dtype", "sizes", "strides", "storage_offset", "storage", "fake", "is_parameter", "requires_grad", "withheld", "withheld_storage", "withheld_storage_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,9 @@ class TensorRef(_message.Message):
     FAKE_FIELD_NUMBER: _ClassVar[int]
     IS_PARAMETER_FIELD_NUMBER: _ClassVar[int]
     REQUIRES_GRAD_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -127,7 +130,10 @@ class TensorRef(_message.Message):
     fake: bool
     is_parameter: bool
     requires_grad: bool
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., storage: _Optional[_Union[Digest, _Mapping]] = ..., fake: _Optional[bool] = ..., is_parameter: _Optional[bool] = ..., requires_grad: _Optional[bool] = ...) -> None: ...
+    withheld: bool
+    withheld_storage: int
+    withheld_storage_bytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., storage: _Optional[_Union[Digest, _Mapping]] = ..., fake: _Optional[bool] = ..., is_parameter: _Optional[bool] = ..., requires_grad: _Optional[bool] = ..., withheld: _Optional[bool] = ..., withheld_storage: _Optional[int] = ..., withheld_storage_bytes: _Optional[int] = ...) -> None: ...
 
 class ModuleTensor(_message.Message):
     __slots__ = ("module_path", "tensor")
@@ -344,14 +350,16 @@ class ServerVersions(_message.Message):
     def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
-    __slots__ = ("partitioners", "versions", "backends")
+    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors")
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_WITHHELD_TENSORS_FIELD_NUMBER: _ClassVar[int]
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
     versions: ServerVersions
     backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
-    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ...) -> None: ...
+    accepts_withheld_tensors: bool
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ...) -> None: ...
 
 class FindMissingBlobsRequest(_message.Message):
     __slots__ = ("digests",)

@@ -164,7 +164,11 @@ class RemotePartitionerServicer:
         * FAILED_PRECONDITION: a blob the program refers to, or the `program_digest` blob, is
         missing (reason `BLOB_MISSING`, the client uploads it and retries), or the program
         rebuilt on the server differs from the client's fingerprint; the message names the first
-        differing node (reason `FINGERPRINT_MISMATCH`).
+        differing node (reason `FINGERPRINT_MISMATCH`), or the program withholds tensor data
+        (`TensorRef.withheld`) and the hook used a withheld tensor for more than its metadata,
+        so its answer could depend on the values; the message and the ErrorInfo's `tensor`
+        name the first such tensor and use (reason `TENSOR_DATA_REQUIRED`: the client sends the
+        program again with its tensors' data, and the server runs the hook again on it).
         * DATA_LOSS: a blob's size does not match what the program declares (reason
         `SIZE_MISMATCH`).
         * INTERNAL: a result that cannot be represented on the wire; the message names the node and
@@ -189,7 +193,10 @@ class RemotePartitionerServicer:
         """Runs the hosted partitioner's `transform_for_pre_decomposition()` on the program and returns
         the transformed program.
 
-        Status codes: as for `Partition`.
+        Status codes: as for `Partition`. A program that withholds tensor data is answered
+        `unchanged` when the hook returned it untouched without using the values; a transform
+        that returned another program is answered `TENSOR_DATA_REQUIRED`, since the new program's
+        tensors are sent back with their data.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
