@@ -396,13 +396,21 @@ def test_second_lowering_sends_no_tensor_again(server_address: str) -> None:
     )
     ep = export(model.eval(), (torch.randn(2, 256),), strict=True)
     tensor_bytes = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
-    first = RemotePartitioner(server_address, "xnnpack", timeout=600)
+    # With the data sent (withhold_tensors=False: the path a hook that reads values takes).
+    first = RemotePartitioner(server_address, "xnnpack", timeout=600, withhold_tensors=False)
     lower(copy.deepcopy(ep), first).to_executorch()
-    sent = first.stats["bytes_uploaded"] - first.stats["graph_bytes_uploaded"]
+    sent = first.stats["tensor_bytes_uploaded"]
+    assert first.stats["bytes_uploaded"] - first.stats["graph_bytes_uploaded"] == sent
     assert tensor_bytes <= sent <= 1.05 * tensor_bytes, "each tensor crosses once"
-    second = RemotePartitioner(server_address, "xnnpack", timeout=600)
-    lower(ep, second).to_executorch()
+    second = RemotePartitioner(server_address, "xnnpack", timeout=600, withhold_tensors=False)
+    lower(copy.deepcopy(ep), second).to_executorch()
     assert second.stats["bytes_uploaded"] == second.stats["graph_bytes_uploaded"]
+    assert second.stats["tensor_bytes_uploaded"] == 0
+    # By default the hooks get the program withheld: no tensor crosses at all.
+    third = RemotePartitioner(server_address, "xnnpack", timeout=600)
+    lower(ep, third).to_executorch()
+    assert third.stats["tensor_bytes_uploaded"] == 0
+    assert third.stats["withheld_calls"] >= 3 and third.stats["tensor_data_requests"] == 0
 
 
 def test_unoverridden_hook_skips_the_round_trip(xnnpack: RemotePartitioner) -> None:

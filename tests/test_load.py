@@ -165,7 +165,9 @@ def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
     # A stalled stream holds 3.5 of the 4 MiB until the server cancels it (3 s idle), so the
     # client's first uploads are refused as OVERLOADED; it waits as told and tries again.
     with StalledStreams(server, 1, "upload", blob_bytes=7 * MIB // 2):
-        remote = RemotePartitioner(server, "xnnpack", timeout=120, max_retries=20)
+        # The weights must cross for this: sent with every program (not withheld).
+        remote = RemotePartitioner(server, "xnnpack", timeout=120, max_retries=20,
+                                   withhold_tensors=False)
         ep = torch.export.export(model, inputs)
         pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
     assert pte == local

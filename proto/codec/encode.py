@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
-from collections.abc import Iterator
+import os
+import weakref
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -25,6 +28,10 @@ from remote_partitioner.proto.program_errors import ProgramEncodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 __all__ = ["DigestCache", "EncodedProgram", "Encoder", "encode_program"]
+
+
+#: Storages at least this large are hashed on several threads (see DigestCache.prefetch).
+_PARALLEL_BYTES = 1 << 20
 
 
 def _storage_bytes(t: torch.Tensor) -> memoryview:
@@ -66,20 +73,47 @@ class DigestCache:
 
     def storage_digest(self, t: torch.Tensor, data: memoryview) -> pb.Digest:
         """The digest of ``data``, the bytes of ``t``'s storage: remembered, or computed."""
-        storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        version = t._version
-        hit = self._entries.get(key)
-        if hit is not None and hit[1] == version and hit[0]() is not None:
-            return hit[2]
-        digest = digest_of(data)
-        try:
-            import weakref
+        hit = self._hit(t)
+        if hit is not None:
+            return hit
+        return self._remember(t, digest_of(data))
 
+    def prefetch(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Hash the storages of ``tensors`` not remembered yet, several at a time (hashlib
+        releases the GIL), so that encoding then finds them all remembered."""
+        pending: dict[tuple[int, int], torch.Tensor] = {}
+        for t in tensors:
+            if (
+                isinstance(t, torch.Tensor)
+                and not isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
+                and t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
+                and self._hit(t) is None
+            ):
+                storage = t.untyped_storage()
+                pending.setdefault((storage.data_ptr(), storage.nbytes()), t)
+        large = [t for t in pending.values() if t.untyped_storage().nbytes() >= _PARALLEL_BYTES]
+        workers = min(len(large), os.cpu_count() or 1)
+        if workers < 2:
+            return  # hashed as they are encoded
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            digests = list(pool.map(lambda t: digest_of(_storage_bytes(t)), large))
+        for t, digest in zip(large, digests, strict=True):
+            self._remember(t, digest)
+
+    def _hit(self, t: torch.Tensor) -> pb.Digest | None:
+        storage = t.untyped_storage()
+        hit = self._entries.get((storage.data_ptr(), storage.nbytes()))
+        if hit is not None and hit[1] == t._version and hit[0]() is not None:
+            return hit[2]
+        return None
+
+    def _remember(self, t: torch.Tensor, digest: pb.Digest) -> pb.Digest:
+        storage = t.untyped_storage()
+        try:
             ref: Any = weakref.ref(storage)
         except TypeError:
             return digest
-        self._entries[key] = (ref, version, digest)
+        self._entries[(storage.data_ptr(), storage.nbytes())] = (ref, t._version, digest)
         return digest
 
 
@@ -324,6 +358,8 @@ def encode_program(
             non-CPU tensors, a node the serializer refuses).
     """
     encoder = Encoder(digests, withhold=withhold)
+    if not withhold:
+        encoder.digests.prefetch([*ep.state_dict.values(), *ep.constants.values()])
     message = encoder.program(ep)
     return EncodedProgram(
         message=message, blobs=encoder.blobs, withheld_tensors=encoder.withheld_tensors,
