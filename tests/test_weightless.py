@@ -394,3 +394,63 @@ def test_preprocess_refuses_withheld_programs(server_address: str, tmp_path: Pat
             stub.Preprocess(request, timeout=120)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "withheld" in (e.value.details() or "")
+
+
+def test_malformed_withheld_refs_are_refused() -> None:
+    """A withheld ref that also names a storage, declares its storage number with two sizes,
+    or reaches beyond its declared storage is a ProgramDecodeError naming the tensor."""
+    from remote_partitioner.server import value_reads
+
+    ep = export(torch.nn.Linear(4, 3).eval(), (torch.randn(2, 4),), strict=True)
+    encoded = codec.encode_program(ep, withhold=True)
+
+    def decode(message: pb.Program) -> None:
+        codec.decode_program(message, lambda d: encoded.blobs[d.hash],
+                             withheld=value_reads.Withheld())
+
+    decode(encoded.message)  # well-formed
+    cases = {
+        "also names a storage": lambda r: r.storage.CopyFrom(encoded.message.graph),
+        "reaches beyond": lambda r: setattr(r, "withheld_storage_bytes", 4),
+        "negative": lambda r: setattr(r, "withheld_storage_bytes", -1),
+    }
+    for expected, spoil in cases.items():
+        message = pb.Program()
+        message.CopyFrom(encoded.message)
+        spoil(message.state_dict[0])
+        with pytest.raises(codec.ProgramDecodeError, match=expected):
+            decode(message)
+    message = pb.Program()
+    message.CopyFrom(encoded.message)
+    message.state_dict[1].withheld_storage = message.state_dict[0].withheld_storage
+    with pytest.raises(codec.ProgramDecodeError, match="declared with"):
+        decode(message)
+
+
+def test_tensor_data_required_on_the_wire(peeking_server: tuple[str, object]) -> None:
+    """The status a raw client sees: FAILED_PRECONDITION, reason TENSOR_DATA_REQUIRED, the
+    tensor and its use named in the message and the ErrorInfo metadata."""
+    import grpc
+
+    from remote_partitioner.client.errors import from_rpc_error
+    from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+    target, _ = peeking_server
+    encoded = codec.encode_program(_program(), withhold=True)
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.RemotePartitionerStub(channel)
+        assert stub.ListPartitioners(pb.ListPartitionersRequest()).accepts_withheld_tensors
+        for h, data in encoded.blobs.items():  # the graphs: no tensor data
+            stub.UploadBlobs(iter([pb.UploadBlobsRequest(
+                digest=pb.Digest(hash=h, size_bytes=len(data)), offset=0, data=bytes(data))]))
+        with pytest.raises(grpc.RpcError) as e:
+            stub.OpsToNotDecompose(pb.OpsToNotDecomposeRequest(
+                partitioner=pb.PartitionerRef(name="peek_item"), program=encoded.message,
+            ), timeout=120)
+    error = from_rpc_error(e.value)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.reason == "TENSOR_DATA_REQUIRED"
+    names = {r.name for r in (*encoded.message.state_dict, *encoded.message.constants)}
+    assert error.metadata["tensor"] in names
+    assert error.metadata["operation"]
+    assert error.metadata["tensor"] in (e.value.details() or "")
