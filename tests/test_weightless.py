@@ -26,10 +26,12 @@ from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
-#: How each hosted partitioner reads values (see _PLUGIN's ``_peek``). The fast lane runs two.
+#: How each hosted partitioner reads values (see _PLUGIN's ``_peek``).
 READS = ["item", "data_ptr", "tolist", "numpy", "repr", "equal", "disabled_torch_function",
          "filter_item", "storage_bytes"]
-FAST_READS = ("item", "data_ptr")
+#: The tests on the plugin server (its own process, a lowering each) are ``slow``; the fast
+#: lane keeps the watch's unit test, the codec's and XNNPACK's lowering on the session server.
+slow = pytest.mark.slow
 
 _PLUGIN = '''
 """Hosted XNNPACK partitioners whose hooks read weight values and swallow the exceptions a
@@ -187,9 +189,8 @@ def _local_partitioner(plugin: object, name: str) -> object:
     raise KeyError(name)
 
 
-@pytest.mark.parametrize(
-    "how", [h if h in FAST_READS else pytest.param(h, marks=pytest.mark.slow) for h in READS]
-)
+@slow
+@pytest.mark.parametrize("how", READS)
 def test_value_reading_hook_gets_the_local_answer(
     peeking_server: tuple[str, object], how: str
 ) -> None:
@@ -209,6 +210,7 @@ def test_value_reading_hook_gets_the_local_answer(
     assert remote.stats["tensor_data_requests"] >= 1, remote.stats
 
 
+@slow
 def test_peek_would_differ_on_fakes(peeking_server: tuple[str, object]) -> None:
     """The adversary is real: run on the program with its tensors faked, as an unwatched
     server would, each peek answers something other than what it answers on the real one."""
@@ -222,6 +224,7 @@ def test_peek_would_differ_on_fakes(peeking_server: tuple[str, object]) -> None:
         assert plugin._peek(how, fakes) is not True, how  # type: ignore[attr-defined]
 
 
+@slow
 def test_metadata_only_hooks_send_no_tensor_bytes(peeking_server: tuple[str, object]) -> None:
     """A partitioner that looks only at shapes and dtypes gets its answer from the withheld
     program: no tensor data is asked for or uploaded, and the ``.pte`` is the local one."""
@@ -251,6 +254,7 @@ def test_xnnpack_hooks_send_no_tensor_bytes(server_address: str) -> None:
     assert remote.stats["bytes_uploaded"] == remote.stats["graph_bytes_uploaded"] > 0
 
 
+@slow
 def test_withholding_off_sends_the_weights(server_address: str) -> None:
     """``withhold_tensors=False`` is the v1 behaviour: the weights cross, the answer is the
     same."""
@@ -269,6 +273,7 @@ def test_withholding_off_sends_the_weights(server_address: str) -> None:
     assert on.stats["tensor_bytes_uploaded"] == 0, on.stats
 
 
+@slow
 @pytest.mark.parametrize("name", ["doubling", "fresh_weights"])
 def test_transform_that_changes_tensors_returns_them(
     peeking_server: tuple[str, object], name: str
@@ -427,6 +432,7 @@ def test_malformed_withheld_refs_are_refused() -> None:
         decode(message)
 
 
+@slow
 def test_tensor_data_required_on_the_wire(peeking_server: tuple[str, object]) -> None:
     """The status a raw client sees: FAILED_PRECONDITION, reason TENSOR_DATA_REQUIRED, the
     tensor and its use named in the message and the ErrorInfo metadata."""
