@@ -39,6 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 #: The flows whose partitioners the server hosts.
 HOSTED_FLOWS = (
     "xnnpack", "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
@@ -46,6 +48,8 @@ HOSTED_FLOWS = (
     "vulkan_static_int8_per_channel",
 )
 SUITES = ("operators", "models")
+#: A test's timeout here, as a multiple of the suite's own (which is for one lowering).
+TWIN_TIMEOUT_FACTOR = 3
 
 _UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _MANIFEST = re.compile(rb'\{\s*"fileFormatVersion"')
@@ -146,7 +150,10 @@ class Comparison:
 class ConformancePlugin:
     """Runs every suite test with its flow and the flow's remote twin, and compares."""
 
-    def __init__(self, target: str, flows: list[str], seed: int, json_path: Path | None) -> None:
+    def __init__(
+        self, target: str, flows: list[str], seed: int, json_path: Path | None,
+        *, resume: bool = False,
+    ) -> None:
         self.target = target
         self.flows = flows
         self.seed = seed
@@ -156,9 +163,17 @@ class ConformancePlugin:
         #: test modules that could not be imported (a model suite whose package, torchvision or
         #: torchaudio, is not installed): file -> the error's last line.
         self.not_collected: dict[str, str] = {}
+        #: The commit this run compares (``+`` when the work tree has changes).
+        self.commit = _commit()
+        #: (flow, test name) of the tests a resumed log already holds, complete.
+        self.done: set[tuple[str, str]] = set()
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.with_suffix(".jsonl").write_text("")
+            log = json_path.with_suffix(".jsonl")
+            if resume and log.exists():
+                self.done = {(r["flow"], r["test"]) for r in read_log([log])["complete"]}
+            else:
+                log.write_text("")
         self._patch_suite()
 
     def _patch_suite(self) -> None:
@@ -261,12 +276,35 @@ class ConformancePlugin:
             differences.append("random generator state after lowering differs")
         comparison = Comparison(test_name, flow.name, subtest, local, remote, differences)
         self.comparisons.append(comparison)
-        if self.json_path is not None:
-            # One line per comparison as it happens: a long run can be followed, and what ran
-            # before an interruption is kept.
-            with self.json_path.with_suffix(".jsonl").open("a") as log:
-                log.write(json.dumps(comparison.as_json()) + "\n")
+        self._log({**comparison.as_json(), "commit": self.commit})
         return comparison
+
+    def _log(self, line: dict[str, Any]) -> None:
+        """One line per comparison, and one when a test is complete, as they happen: a long
+        run can be followed, and resumed after an interruption (``--resume``)."""
+        if self.json_path is not None:
+            with self.json_path.with_suffix(".jsonl").open("a") as log:
+                log.write(json.dumps(line) + "\n")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
+        """Give each test the time of its two lowerings: the suite's per-test timeout
+        (``FLOW_TEST_CASE_TIMEOUTS``, marked by its conftest) is for one, the twin runs two.
+        With ``--resume``, leave out the tests the log already holds, complete."""
+        for item in items:
+            marker = item.get_closest_marker("timeout")
+            if marker is not None and marker.args and isinstance(marker.args[0], (int, float)):
+                item.add_marker(pytest.mark.timeout(TWIN_TIMEOUT_FACTOR * marker.args[0]),
+                                append=False)
+        if not self.done:
+            return
+        keep, skipped = [], []
+        for item in items:
+            match = re.search(r"\[([^\]-]+)", item.name)
+            flow = match.group(1) if match else "?"
+            (skipped if (flow, item.name) in self.done else keep).append(item)
+        items[:] = keep
+        config.hook.pytest_deselected(items=skipped)
 
     def _twin_factory(self, flow: Any) -> Callable[..., Any]:
         from executorch.backends.test.harness.stages import StageType
@@ -348,7 +386,11 @@ class ConformancePlugin:
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and report.skipped):
             match = re.search(r"\[([^\]-]+)", report.nodeid)
-            self.tests[report.nodeid] = match.group(1) if match else "?"
+            flow = match.group(1) if match else "?"
+            self.tests[report.nodeid] = flow
+            name = report.nodeid.rsplit("::", 1)[-1]
+            self._log({"test": name, "flow": flow, "complete": True,
+                       "outcome": report.outcome, "commit": self.commit})
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -387,6 +429,72 @@ class ConformancePlugin:
             row["local_lower_seconds"] += c.local.lower_seconds
             row["remote_lower_seconds"] += c.remote.lower_seconds
         return rows
+
+
+def _commit() -> str:
+    """The repository's HEAD, with ``+`` when the work tree has changes; "" outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+" if dirty.strip() else "")
+
+
+def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The comparisons and complete-test lines of ``.jsonl`` logs, for the tests the logs hold
+    complete (an interrupted test's comparisons are left out); a test logged more than once
+    counts as its last complete run."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    complete: dict[tuple[str, str], dict[str, Any]] = {}
+    pending: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in paths:
+        for text in path.read_text().splitlines():
+            if not text.strip():
+                continue
+            line = json.loads(text)
+            key = (line["flow"], line["test"])
+            if line.get("complete"):
+                complete[key] = line
+                runs[key] = pending.pop(key, [])
+            else:
+                pending.setdefault(key, []).append(line)
+    return {"complete": list(complete.values()),
+            "comparisons": [c for key in complete for c in runs.get(key, [])]}
+
+
+def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
+    """The per-flow table of accumulated logs, the differing comparisons listed after it, and
+    how many differ."""
+    log = read_log(paths)
+    rows: dict[str, dict[str, float]] = {
+        f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0,
+            "local_lower_seconds": 0.0, "remote_lower_seconds": 0.0}
+        for f in flows
+    }
+    ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
+    differing = []
+    for c in log["comparisons"]:
+        row = rows.setdefault(c["flow"], dict.fromkeys(rows[flows[0]], 0))
+        row["tests"] += 1
+        row["identical" if c["identical"] else "differing"] += 1
+        if c["local"]["result"] in ok and c["remote"]["result"] not in ok:
+            row["failing_remote_only"] += 1
+        row["local_lower_seconds"] += c["local"]["lower_seconds"]
+        row["remote_lower_seconds"] += c["remote"]["lower_seconds"]
+        if not c["identical"]:
+            differing.append(f"{c['flow']} {c['test']}#{c['subtest']}: "
+                             + "; ".join(c["differences"]))
+    commits = sorted({c.get("commit", "") or "?" for c in log["comparisons"]})
+    tests = {f: sum(1 for t in log["complete"] if t["flow"] == f) for f in rows}
+    lines = [format_table(rows), "",
+             "complete tests per flow: " + ", ".join(f"{f} {n}" for f, n in tests.items()),
+             f"commits compared: {', '.join(commits) or '-'}"]
+    lines += ["differs: " + d for d in differing]
+    return "\n".join(lines), len(differing)
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
@@ -439,13 +547,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the run seed (default 0)")
     parser.add_argument("--server", help="an existing server's target; else one is started")
     parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the JSON's .jsonl log and run only the tests it does not "
+                        "hold complete (a long run over several sittings)")
+    parser.add_argument("--summary", nargs="+", type=Path, metavar="LOG",
+                        help="print the table of these .jsonl logs and exit (1 if any differs)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
+    if args.summary:
+        text, differing = summarize_logs(args.summary, list(args.flows))
+        print(text)
+        return 1 if differing else 0
 
     import warnings
 
     warnings.filterwarnings("ignore")
-    import pytest
     from executorch.backends.test import suite
 
     root = Path(suite.__file__).parent
@@ -460,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args += args.pytest_args
 
     def run(target: str) -> int:
-        plugin = ConformancePlugin(target, args.flows, args.seed, args.json)
+        plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume)
         code = pytest.main(pytest_args, plugins=[plugin])
         rows = plugin.table()
         if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):

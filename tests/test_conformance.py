@@ -18,7 +18,9 @@ SUBSET = (
     (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic"),
     (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic"),
     (["coreml"], "test_add_f32_alpha"),
+    (["coreml_static_int8"], "test_add_f32_alpha"),
     (["vulkan"], "test_add_f32_alpha"),
+    (["vulkan_static_int8_per_channel"], "test_add_f32_alpha"),
 )
 
 
@@ -40,3 +42,51 @@ def test_conformance_subset(
     differing = [c for c in compared if not c["identical"]]
     assert not differing, json.dumps(differing, indent=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def _conformance_module() -> object:
+    import importlib.util
+
+    path = ROOT / "scripts" / "conformance.py"
+    spec = importlib.util.spec_from_file_location("rp_conformance_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
+    """A long run is resumed over several sittings (``--resume``): the summary of the logs
+    counts each test's comparisons once (its last complete run) and leaves out a test that was
+    interrupted before it completed."""
+    conformance = _conformance_module()
+
+    def comparison(test: str, identical: bool, subtest: int = 0) -> dict[str, object]:
+        side = {"result": "SUCCESS", "lower_seconds": 1.0}
+        return {"test": test, "flow": "xnnpack", "subtest": subtest, "identical": identical,
+                "differences": [] if identical else [".pte: differ"], "local": side,
+                "remote": side, "commit": "abc"}
+
+    def complete(test: str) -> dict[str, object]:
+        return {"test": test, "flow": "xnnpack", "complete": True, "outcome": "passed"}
+
+    first = tmp_path / "a.jsonl"
+    first.write_text("\n".join(json.dumps(x) for x in [
+        comparison("t1[xnnpack]", False), complete("t1[xnnpack]"),
+        comparison("t2[xnnpack]", True), comparison("t2[xnnpack]", True, 1),
+        complete("t2[xnnpack]"),
+        comparison("t3[xnnpack]", False),  # interrupted: never complete
+    ]))
+    second = tmp_path / "b.jsonl"  # t1 again, identical now
+    second.write_text("\n".join(json.dumps(x) for x in [
+        comparison("t1[xnnpack]", True), complete("t1[xnnpack]")]))
+    log = conformance.read_log([first, second])  # type: ignore[attr-defined]
+    assert sorted(c["test"] for c in log["comparisons"]) == [
+        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]"]
+    text, differing = conformance.summarize_logs(  # type: ignore[attr-defined]
+        [first, second], ["xnnpack"])
+    assert differing == 0, text
+    assert "complete tests per flow: xnnpack 2" in text
+    _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
+    assert differing == 1
