@@ -259,3 +259,25 @@ def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
     shared.state_dict[name].data.zero_()  # writes through to the buffer it was decoded from
     assert not any(buf)
     assert torch.equal(copied.state_dict[name], before)
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The codec's faster ``_dataclass_to_dict`` gives every program the graph blobs that
+    torch's and exir's own function give (both dialects, delegates, dynamic shapes, cond)."""
+    from executorch.exir.serde import export_serialize
+    from torch._export.serde import serialize as tser
+
+    from remote_partitioner.proto.codec import serializers
+
+    ep = PROGRAMS[name]
+    fast = codec.encode_program(ep)
+    originals = {"aten": tser._dataclass_to_dict, "edge": export_serialize._dataclass_to_dict}
+    monkeypatch.setattr(serializers, "dataclass_to_dict", originals.__getitem__)
+    slow = codec.encode_program(ep)
+    assert codec.graph_digests(fast.message) is not None
+    assert [d.hash for d in codec.graph_digests(fast.message)] == [
+        d.hash for d in codec.graph_digests(slow.message)]
+    assert fast.message == slow.message

@@ -8,7 +8,9 @@ modules and ``get_attr`` tensors are written as references (:data:`LOWERED_MARKE
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +29,85 @@ __all__ = ["GET_ATTR_MARKER", "LOWERED_MARKER", "serialize_aten", "serialize_edg
 LOWERED_MARKER = "remote_partitioner.lowered_module"
 #: The prefix of the string argument that stands for a ``get_attr`` node reading a tensor.
 GET_ATTR_MARKER = "\x00remote_partitioner.get_attr\x00"
+
+
+class DataclassToDict:
+    """The serializers' ``_dataclass_to_dict``, faster and with the same result. torch's and
+    exir's differ: exir's leaves out a field whose default is None while its value is None,
+    and does not spell infinities and NaN as strings (``omit_none_defaults`` and
+    ``spell_floats`` say which). Faster because each dataclass's fields are looked up once per
+    class instead of once per object, and a union's value is read past exir's
+    ``_Union.__getattribute__`` (which checks every attribute read and took most of an Edge
+    program's encoding time). The union key is the same ``_UnionTag`` object the original puts
+    there. ``tests/test_codec.py`` checks that every program encodes to the same bytes with
+    the original functions."""
+
+    def __init__(self, union: type, *, omit_none_defaults: bool, spell_floats: bool) -> None:
+        self._union = union
+        self._omit = omit_none_defaults
+        self._spell = spell_floats
+        # class -> (field name, its default is None) per dataclass field, or None for a union
+        self._fields: dict[type, tuple[tuple[str, bool], ...] | None] = {}
+
+    def __call__(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls is str or cls is int or cls is bool or obj is None:
+            return obj
+        if cls is list:
+            return [self(x) for x in obj]
+        if cls is dict:
+            return {k: self(v) for k, v in obj.items()}
+        if cls in self._fields:
+            fields = self._fields[cls]
+            if fields is None:
+                tag = obj.type
+                return {tag: self(object.__getattribute__(obj, str(tag)))}
+            if self._omit:
+                return {n: self(getattr(obj, n)) for n, none_default in fields
+                        if not (none_default and getattr(obj, n) is None)}
+            return {n: self(getattr(obj, n)) for n, _ in fields}
+        # The original's order of checks, for every other type.
+        if isinstance(obj, self._union):
+            self._fields[cls] = None
+            return self(obj)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            self._fields[cls] = tuple(
+                (f.name, f.default is None) for f in dataclasses.fields(obj)
+            )
+            return self(obj)
+        if isinstance(obj, list):
+            return [self(x) for x in obj]
+        if isinstance(obj, tuple):
+            return tuple(self(x) for x in obj)
+        if isinstance(obj, dict):
+            return {k: self(v) for k, v in obj.items()}
+        if self._spell and isinstance(obj, float):
+            if obj == math.inf:
+                return "Infinity"
+            if obj == -math.inf:
+                return "-Infinity"
+            if math.isnan(obj):
+                return "NaN"
+        return obj
+
+
+_to_dict: dict[str, DataclassToDict] = {}
+
+
+def dataclass_to_dict(dialect: str) -> DataclassToDict:
+    """The fast ``_dataclass_to_dict`` of torch's (``"aten"``) or exir's (``"edge"``) schema."""
+    converter = _to_dict.get(dialect)
+    if converter is None:
+        if dialect == "aten":
+            from torch._export.serde.union import _Union as union
+
+            converter = DataclassToDict(union, omit_none_defaults=False, spell_floats=True)
+        else:
+            from executorch.exir.serde.union import _Union as union  # type: ignore[no-redef]
+
+            converter = DataclassToDict(union, omit_none_defaults=True, spell_floats=False)
+        _to_dict[dialect] = converter
+    return converter
 
 
 def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
@@ -60,7 +141,7 @@ def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
                 guards_code=ep._guards_code,
             )
             return encoder.graph_json(
-                tser._dataclass_to_dict(serialized), tser.EnumEncoder, allow_nan=False
+                dataclass_to_dict("aten")(serialized), tser.EnumEncoder, allow_nan=False
             )
     except Exception as e:
         raise ProgramEncodeError(f"torch's serializer failed: {type(e).__name__}: {e}") from e
@@ -169,6 +250,5 @@ def serialize_edge(
             f"custom objects {sorted(serializer.custom_objs)} cannot cross the wire"
         )
     return encoder.graph_json(
-        export_serialize._dataclass_to_dict(serialized), export_serialize.EnumEncoder,
-        allow_nan=True,
+        dataclass_to_dict("edge")(serialized), export_serialize.EnumEncoder, allow_nan=True,
     )
