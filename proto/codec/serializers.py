@@ -60,7 +60,8 @@ class DataclassToDict:
         if cls in self._fields:
             fields = self._fields[cls]
             if fields is None:
-                tag = obj.type
+                # What the ``type`` property returns, read directly.
+                tag = object.__getattribute__(obj, "_type")
                 return {tag: self(object.__getattribute__(obj, str(tag)))}
             if self._omit:
                 return {n: self(getattr(obj, n)) for n, none_default in fields
