@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: (flows, -k expression): a few operator tests, the bidirectional LSTM among them.
+#: (flows, -k expression): a few operator tests, the bidirectional LSTM among them. (Core ML's
+#: quantized flow is left to `make conformance`: one of its tests takes almost 3 minutes.)
 SUBSET = (
     (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic"),
     (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic"),
     (["coreml"], "test_add_f32_alpha"),
-    (["coreml_static_int8"], "test_add_f32_alpha"),
     (["vulkan"], "test_add_f32_alpha"),
     (["vulkan_static_int8_per_channel"], "test_add_f32_alpha"),
 )
