@@ -261,7 +261,7 @@ def test_to_backend_path(xnnpack: RemotePartitioner) -> None:
 # ------------------------------------------------------------------ hooks, one by one
 
 
-@pytest.mark.parametrize("name", by_speed(["mobilenet_v1_025", "lstm", "sdpa"], ("sdpa",)))
+@pytest.mark.parametrize("name", by_speed(["mobilenet_v1_025", "lstm", "sdpa"], ()))
 def test_filter_answers_equal_on_every_node(name: str, xnnpack: RemotePartitioner) -> None:
     """On every program ``to_edge_transform_and_lower`` asks about, the remote filter answers
     what XNNPACK's own filter answers, node by node."""
@@ -318,7 +318,7 @@ PARTITIONERS = {
     "xnnpack": "executorch.backends.xnnpack.partition.xnnpack_partitioner:XnnpackPartitioner",
 }
 #: (model, partitioner) pairs `make test-fast` checks: one model per backend that is quick.
-FAST_PAIRS = {("ds_cnn", "coreml"), ("ds_cnn", "xnnpack"), ("sdpa", "xnnpack")}
+FAST_PAIRS = {("ds_cnn", "coreml"), ("ds_cnn", "xnnpack")}
 
 
 @pytest.mark.parametrize(

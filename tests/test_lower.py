@@ -60,6 +60,7 @@ def test_lower_gives_the_local_pte_and_a_report(server_address: str, archive: by
     assert method.total_nodes == xnn.nodes + sum(cpu.values())
 
 
+@pytest.mark.slow  # a lowering on the server (> 5 s)
 def test_report_only_sends_no_pte(server_address: str, archive: bytes) -> None:
     with LowerClient(server_address, timeout=600) as client:
         result = client.lower(archive, [partitioner_ref("xnnpack")], report_only=True)

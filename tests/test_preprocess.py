@@ -334,6 +334,7 @@ def test_to_backend_flow(server_address: str, tmp_path: Path) -> None:
     assert remote == local
 
 
+@slow  # a lowering with the backend imported locally (> 5 s)
 def test_remote_preprocess_when_the_backend_is_importable(server_address: str) -> None:
     """``remote_preprocess=True`` runs preprocess on the server although the backend imports
     here; a local lowering afterwards in the same process still runs locally."""
@@ -356,6 +357,7 @@ def test_remote_preprocess_when_the_backend_is_importable(server_address: str) -
     assert remote.stats["preprocess_calls"] == 1, "a local lowering went to the server"
 
 
+@slow  # a lowering with the backend imported locally (> 5 s)
 def test_whole_program_helper(server_address: str) -> None:
     """``to_backend_remotely`` gives what ``to_backend(backend_id, program, specs)`` gives."""
     from executorch.backends.vulkan.vulkan_preprocess import VulkanBackend

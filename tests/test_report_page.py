@@ -160,6 +160,7 @@ def test_the_page_is_self_contained_and_its_scripts_are_pinned_by_hash() -> None
     assert page.count("<script") == 3
 
 
+@pytest.mark.slow  # a browser each (make test runs the page tests)
 def test_the_hostile_page_renders_its_strings_as_text(browser: None, tmp_path: Path) -> None:
     write_report(tmp_path / "hostile.html", HOSTILE, title="hostile")
     seen = open_page(tmp_path / "hostile.html", tmp_path / "hostile.png")
@@ -169,6 +170,7 @@ def test_the_hostile_page_renders_its_strings_as_text(browser: None, tmp_path: P
     assert drawn >= {"{{SCRIPT}}", "a</script><script>alert(1)</script>"}
 
 
+@pytest.mark.slow  # a browser each (make test runs the page tests)
 def test_every_method_gets_its_section(browser: None, tmp_path: Path) -> None:
     """Two methods: both summarized, the first one's graph drawn (the second's when opened),
     node names only unique within a method."""
