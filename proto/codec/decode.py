@@ -150,13 +150,14 @@ class Decoder:
         dtype = _dtype(ref)
         sizes, strides = list(ref.sizes), list(ref.strides)
         _check_shape(ref, sizes, strides)
-        if ref.withheld:
-            return self._withheld_tensor(ref, dtype, sizes, strides)
-        key = (ref.storage.hash, ref.dtype, tuple(sizes), tuple(strides), ref.storage_offset,
+        storage_key = ("withheld", ref.withheld_storage) if ref.withheld else ref.storage.hash
+        key = (storage_key, ref.dtype, tuple(sizes), tuple(strides), ref.storage_offset,
                ref.fake, ref.is_parameter, ref.requires_grad)
         if not ref.fake and key in self._tensors:
             return self._tensors[key]
-        if ref.fake:
+        if ref.withheld:
+            t = self._withheld_view(ref, dtype, sizes, strides)
+        elif ref.fake:
             if fake_mode is None:
                 raise ProgramDecodeError(
                     f"tensor {ref.name!r} is fake but the graph has no fake mode"
@@ -175,6 +176,9 @@ class Decoder:
             t = torch.nn.Parameter(t, requires_grad=ref.requires_grad)
         elif ref.requires_grad and t.is_floating_point():
             t.requires_grad_(True)
+        if ref.withheld:
+            assert self._withheld is not None  # (_withheld_view checked)
+            t = self._withheld.mark(t, ref.name)
         if not ref.fake:
             self._tensors[key] = t
         return t
@@ -191,11 +195,11 @@ class Decoder:
         _check_numel(ref, sizes)
         return torch.empty(0, dtype=dtype).set_(storage, ref.storage_offset, sizes, strides)  # type: ignore[call-overload]
 
-    def _withheld_tensor(
+    def _withheld_view(
         self, ref: pb.TensorRef, dtype: torch.dtype, sizes: list[int], strides: list[int]
     ) -> torch.Tensor:
         """The stand-in for a withheld tensor: a ``FakeTensor`` of the withheld fake mode on
-        the fake storage its number names (one tensor object per distinct ``ref``), marked.
+        the fake storage its number names (tensors naming one number share it).
 
         Raises:
             ProgramDecodeError: no withheld mode was given (this call needs tensor data), the
@@ -215,10 +219,6 @@ class Decoder:
             raise ProgramDecodeError(f"tensor {ref.name!r}: negative withheld_storage_bytes")
         _check_extent(ref, dtype, sizes, strides, nbytes)
         _check_numel(ref, sizes)
-        key = ("withheld", ref.withheld_storage, ref.dtype, tuple(sizes), tuple(strides),
-               ref.storage_offset, ref.is_parameter, ref.requires_grad)
-        if key in self._tensors:
-            return self._tensors[key]
         mode = self._withheld.fake_mode
         storage = self._withheld_storages.get(ref.withheld_storage)
         if storage is None:
@@ -231,21 +231,9 @@ class Decoder:
                 f"with {nbytes} bytes here and {storage.nbytes()} bytes before"
             )
         with mode:
-            t = torch.empty(0, dtype=dtype).set_(  # type: ignore[call-overload]
+            return torch.empty(0, dtype=dtype).set_(  # type: ignore[call-overload,no-any-return]
                 storage, ref.storage_offset, sizes, strides
             )
-        if ref.is_parameter:
-            if ref.requires_grad and not (dtype.is_floating_point or dtype.is_complex):
-                raise ProgramDecodeError(
-                    f"tensor {ref.name!r}: a parameter of dtype {ref.dtype} cannot require "
-                    "gradients"
-                )
-            t = torch.nn.Parameter(t, requires_grad=ref.requires_grad)
-        elif ref.requires_grad and t.is_floating_point():
-            t.requires_grad_(True)
-        t = self._withheld.mark(t, ref.name)
-        self._tensors[key] = t
-        return t
 
     def program(self, msg: pb.Program) -> ExportedProgram:
         """The program ``msg`` describes, repaired and checked against its fingerprint.

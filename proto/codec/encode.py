@@ -51,9 +51,8 @@ class EncodedProgram:
 
     message: pb.Program
     blobs: dict[str, memoryview | bytes]
-    #: Real tensors sent as metadata only (``encode_program(..., withhold=True)``), and the
-    #: bytes of their distinct storages.
-    withheld_tensors: int = 0
+    #: The bytes of the distinct storages of the real tensors sent as metadata only
+    #: (``encode_program(..., withhold=True)``).
     withheld_bytes: int = 0
 
     def digests(self) -> list[pb.Digest]:
@@ -142,8 +141,7 @@ class Encoder:
         #: Send real tensors as metadata only (``TensorRef.withheld``): no storage is read,
         #: hashed or added to the blobs.
         self.withhold = withhold
-        #: How many real tensors were withheld, and the bytes of their distinct storages.
-        self.withheld_tensors = 0
+        #: The bytes of the distinct storages of the real tensors withheld.
         self.withheld_bytes = 0
         # storage key -> digest, for this encoding
         self._storages: dict[tuple[int, int], pb.Digest] = {}
@@ -257,7 +255,6 @@ class Encoder:
             if number is None:
                 number = self._withheld[key] = len(self._withheld)
                 self.withheld_bytes += storage.nbytes()
-            self.withheld_tensors += 1
             ref.withheld = True
             ref.withheld_storage = number
             ref.withheld_storage_bytes = storage.nbytes()
@@ -362,6 +359,5 @@ def encode_program(
         encoder.digests.prefetch([*ep.state_dict.values(), *ep.constants.values()])
     message = encoder.program(ep)
     return EncodedProgram(
-        message=message, blobs=encoder.blobs, withheld_tensors=encoder.withheld_tensors,
-        withheld_bytes=encoder.withheld_bytes,
+        message=message, blobs=encoder.blobs, withheld_bytes=encoder.withheld_bytes,
     )
