@@ -300,9 +300,7 @@ class ConformancePlugin:
             return
         keep, skipped = [], []
         for item in items:
-            match = re.search(r"\[([^\]-]+)", item.name)
-            flow = match.group(1) if match else "?"
-            (skipped if (flow, item.name) in self.done else keep).append(item)
+            (skipped if (_flow_of(item.name), item.name) in self.done else keep).append(item)
         items[:] = keep
         config.hook.pytest_deselected(items=skipped)
 
@@ -385,8 +383,7 @@ class ConformancePlugin:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and report.skipped):
-            match = re.search(r"\[([^\]-]+)", report.nodeid)
-            flow = match.group(1) if match else "?"
+            flow = _flow_of(report.nodeid)
             self.tests[report.nodeid] = flow
             name = report.nodeid.rsplit("::", 1)[-1]
             self._log({"test": name, "flow": flow, "complete": True,
@@ -411,24 +408,38 @@ class ConformancePlugin:
             write(f"wrote {self.json_path}")
 
     def table(self) -> dict[str, dict[str, float]]:
-        """Per flow: tests (lowerings compared), identical, differing, failing remote only
-        (the local run succeeded, the remote one did not), and the seconds spent lowering
-        locally and remotely."""
-        rows: dict[str, dict[str, float]] = {
-            f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0,
-                "local_lower_seconds": 0.0, "remote_lower_seconds": 0.0}
-            for f in self.flows
-        }
-        ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
-        for c in self.comparisons:
-            row = rows[c.flow]
-            row["tests"] += 1
-            row["identical" if not c.differences else "differing"] += 1
-            if c.local.result in ok and c.remote.result not in ok:
-                row["failing_remote_only"] += 1
-            row["local_lower_seconds"] += c.local.lower_seconds
-            row["remote_lower_seconds"] += c.remote.lower_seconds
-        return rows
+        """This run's per-flow table (see :func:`flow_table`)."""
+        return flow_table([c.as_json() for c in self.comparisons], self.flows)
+
+
+def flow_table(
+    comparisons: list[dict[str, Any]], flows: list[str]
+) -> dict[str, dict[str, float]]:
+    """Per flow (``flows`` first, then any other a comparison names): tests (lowerings
+    compared), identical, differing, failing remote only (the local run succeeded, the remote
+    one did not), and the seconds spent lowering locally and remotely. ``comparisons`` are
+    :meth:`Comparison.as_json` dicts, as the log holds them."""
+    rows: dict[str, dict[str, float]] = {}
+    ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
+    for flow in [*flows, *(c["flow"] for c in comparisons)]:
+        rows.setdefault(flow, {"tests": 0, "identical": 0, "differing": 0,
+                               "failing_remote_only": 0, "local_lower_seconds": 0.0,
+                               "remote_lower_seconds": 0.0})
+    for c in comparisons:
+        row = rows[c["flow"]]
+        row["tests"] += 1
+        row["identical" if c["identical"] else "differing"] += 1
+        if c["local"]["result"] in ok and c["remote"]["result"] not in ok:
+            row["failing_remote_only"] += 1
+        row["local_lower_seconds"] += c["local"]["lower_seconds"]
+        row["remote_lower_seconds"] += c["remote"]["lower_seconds"]
+    return rows
+
+
+def _flow_of(test: str) -> str:
+    """The flow a suite test's name or node id is parametrized with: ``test_x[FLOW-...]``."""
+    match = re.search(r"\[([^\]-]+)", test)
+    return match.group(1) if match else "?"
 
 
 def _commit() -> str:
@@ -470,24 +481,9 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
     """The per-flow table of accumulated logs, the differing comparisons listed after it, and
     how many differ."""
     log = read_log(paths)
-    rows: dict[str, dict[str, float]] = {
-        f: {"tests": 0, "identical": 0, "differing": 0, "failing_remote_only": 0,
-            "local_lower_seconds": 0.0, "remote_lower_seconds": 0.0}
-        for f in flows
-    }
-    ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
-    differing = []
-    for c in log["comparisons"]:
-        row = rows.setdefault(c["flow"], dict.fromkeys(rows[flows[0]], 0))
-        row["tests"] += 1
-        row["identical" if c["identical"] else "differing"] += 1
-        if c["local"]["result"] in ok and c["remote"]["result"] not in ok:
-            row["failing_remote_only"] += 1
-        row["local_lower_seconds"] += c["local"]["lower_seconds"]
-        row["remote_lower_seconds"] += c["remote"]["lower_seconds"]
-        if not c["identical"]:
-            differing.append(f"{c['flow']} {c['test']}#{c['subtest']}: "
-                             + "; ".join(c["differences"]))
+    rows = flow_table(log["comparisons"], flows)
+    differing = [f"{c['flow']} {c['test']}#{c['subtest']}: " + "; ".join(c["differences"])
+                 for c in log["comparisons"] if not c["identical"]]
     commits = sorted({c.get("commit", "") or "?" for c in log["comparisons"]})
     tests = {f: sum(1 for t in log["complete"] if t["flow"] == f) for f in rows}
     lines = [format_table(rows), "",
