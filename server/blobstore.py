@@ -2,7 +2,11 @@
 
 Two implementations of one interface (:class:`Blobs`):
 
-* :class:`BlobStore` keeps blobs in this process's memory.
+* :class:`BlobStore` keeps blobs in this process's memory: a blob of at least
+  :data:`MEMORY_FILE_MIN_BYTES` received as a :class:`BlobBuffer` stays in the anonymous memory
+  file (``memfd_create``) it was written to, and each ``get`` maps that file privately
+  (copy-on-write), so that programs are decoded on the stored bytes without a copy and a
+  tensor written to never changes the store.
 * :class:`DirBlobStore` keeps them as files in a directory that several server processes, and
   several replicas mounting one ReadWriteMany volume, share: a blob uploaded to any of them is
   found by all of them.
@@ -31,8 +35,132 @@ logger = logging.getLogger(__name__)
 
 _HASH = re.compile(r"[0-9a-f]{64}")
 
+#: Blobs at least this large are received into an anonymous memory file where the platform
+#: has ``memfd_create`` (Linux); smaller ones into a ``bytearray``.
+MEMORY_FILE_MIN_BYTES = 1 << 20
+_memfd_create = getattr(os, "memfd_create", None)
+
+
+class BlobBuffer:
+    """Memory for one blob being received, written in order (:meth:`append`), that a store
+    takes without a copy.
+
+    A blob of at least :data:`MEMORY_FILE_MIN_BYTES` is written to an anonymous memory file
+    of its declared size (sparse: a page costs memory once written), which
+    :class:`BlobStore` keeps as it is; a smaller one (or any, without ``memfd_create``) to a
+    ``bytearray``. Writing ends at the first :meth:`view`. The buffer owns what it holds
+    until a store :meth:`take` s it; :meth:`close` releases whatever it still owns
+    (idempotent). Not thread-safe: one writer.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"negative blob size {size}")
+        self.size = size
+        self._written = 0
+        self._sealed = False
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._bytes = bytearray()
+        if size >= MEMORY_FILE_MIN_BYTES and _memfd_create is not None:
+            fd = _memfd_create("blob", getattr(os, "MFD_CLOEXEC", 0))
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                os.close(fd)
+                raise
+            self._fd = fd
+
+    @property
+    def written(self) -> int:
+        """Bytes appended so far."""
+        return self._written
+
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` after the bytes already written.
+
+        Raises:
+            ValueError: the blob would pass its declared size, or writing has ended.
+        """
+        view = memoryview(data).cast("B")
+        if self._sealed:
+            raise ValueError("the blob was read or handed over: it cannot be written to")
+        if self._written + view.nbytes > self.size:
+            raise ValueError(
+                f"{self._written + view.nbytes} bytes written to a blob of {self.size}"
+            )
+        if self._fd is None:
+            self._bytes += view
+            self._written += view.nbytes
+            return
+        while view.nbytes:
+            n = os.pwrite(self._fd, view, self._written)
+            self._written += n
+            view = view[n:]
+
+    def view(self) -> memoryview:
+        """The bytes written, read-only; writing ends."""
+        self._sealed = True
+        if self._fd is None:
+            return memoryview(self._bytes).toreadonly()
+        if self._written == 0:
+            return memoryview(b"")
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, self._written, access=mmap.ACCESS_READ)
+        return memoryview(self._map)
+
+    def take(self) -> _MemoryFile | bytearray:
+        """Hand the bytes over: the memory file, or the ``bytearray``; the buffer owns nothing
+        afterwards. Views from :meth:`view` must have been released."""
+        self._sealed = True
+        if self._fd is None:
+            out, self._bytes = self._bytes, bytearray()
+            return out
+        self._unmap()
+        fd, self._fd = self._fd, None
+        return _MemoryFile(fd, self._written)
+
+    def close(self) -> None:
+        """Release what the buffer still owns."""
+        self._sealed = True
+        self._unmap()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._bytes = bytearray()
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view still exported: the GC unmaps
+                self._map.close()
+            self._map = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class _MemoryFile:
+    """A stored blob in an anonymous memory file: each :meth:`view` is a private mapping."""
+
+    __slots__ = ("fd", "nbytes")
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        self.fd = fd
+        self.nbytes = nbytes
+
+    def view(self) -> memoryview:
+        """A writable copy-on-write mapping of the blob (its writes reach nobody else)."""
+        return memoryview(mmap.mmap(self.fd, self.nbytes, access=mmap.ACCESS_COPY))
+
+    def __del__(self) -> None:
+        # Mappings made by view() hold the file open themselves.
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
 #: A blob's bytes as a store takes them.
-Blob: TypeAlias = bytes | bytearray | memoryview
+Blob: TypeAlias = bytes | bytearray | memoryview | BlobBuffer
 #: A blob's bytes as a store serves them (format ``"B"``): immutable (``bytes``, a read-only
 #: ``memoryview``), or writable and private to the caller (a copy-on-write mapping, a
 #: ``bytearray`` of its own), so that the codec can build tensors on it without a copy.
@@ -61,7 +189,9 @@ def check_digest(hash_: str, size: int) -> None:
 
 def _byte_view(data: Blob) -> bytes | bytearray | memoryview:
     """``data`` itself, or for a memoryview a flat view of its bytes (format ``"B"``) without
-    a copy when it is contiguous (a copy otherwise)."""
+    a copy when it is contiguous (a copy otherwise), or a :class:`BlobBuffer`'s view."""
+    if isinstance(data, BlobBuffer):
+        return data.view()
     if not isinstance(data, memoryview):
         return data
     if not data.c_contiguous:
@@ -118,13 +248,17 @@ class BlobStore:
 
     ``put`` stores the object it is given, without a copy (a non-contiguous memoryview is the
     one exception): the caller hands it over and must not modify a ``bytearray`` (or the object
-    under a ``memoryview``) afterwards. ``get`` serves ``bytes`` as they are and anything else
-    as a read-only ``memoryview``, so that no caller can change a stored blob.
+    under a ``memoryview``) afterwards; a :class:`BlobBuffer` is taken (its memory file or
+    ``bytearray``; the caller still closes it). ``get`` serves ``bytes`` as they are, a memory
+    file as a private copy-on-write mapping, and anything else as a read-only ``memoryview``,
+    so that no caller can change a stored blob.
     """
 
     def __init__(self, max_bytes: int = 8 << 30) -> None:
         self.max_bytes = max_bytes
-        self._blobs: OrderedDict[str, bytes | bytearray | memoryview] = OrderedDict()
+        self._blobs: OrderedDict[str, bytes | bytearray | memoryview | _MemoryFile] = (
+            OrderedDict()
+        )
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -146,12 +280,15 @@ class BlobStore:
             return True
 
     def get(self, hash_: str) -> BlobView | None:
-        """The blob's bytes (``bytes`` or a read-only memoryview), or None when not held."""
+        """The blob's bytes (``bytes``, a private mapping of its memory file, or a read-only
+        memoryview), or None when not held."""
         with self._lock:
             data = self._blobs.get(hash_)
             if data is None:
                 return None
             self._blobs.move_to_end(hash_)
+        if isinstance(data, _MemoryFile):
+            return data.view()
         return data if isinstance(data, bytes) else memoryview(data).toreadonly()
 
     def put(self, hash_: str, size: int, data: Blob) -> None:
@@ -167,15 +304,20 @@ class BlobStore:
             if hash_ in self._blobs:
                 self._blobs.move_to_end(hash_)
                 return
-            self._blobs[hash_] = flat
+            stored: bytes | bytearray | memoryview | _MemoryFile = flat
+            if isinstance(data, BlobBuffer):
+                assert isinstance(flat, memoryview)
+                flat.release()
+                stored = data.take()
+            self._blobs[hash_] = stored
             self._bytes += size
             while self._bytes > self.max_bytes and len(self._blobs) > 1:
                 _, old = self._blobs.popitem(last=False)
                 self._bytes -= _size(old)
 
 
-def _size(data: bytes | bytearray | memoryview) -> int:
-    return data.nbytes if isinstance(data, memoryview) else len(data)
+def _size(data: bytes | bytearray | memoryview | _MemoryFile) -> int:
+    return data.nbytes if isinstance(data, (memoryview, _MemoryFile)) else len(data)
 
 
 _TEMP_PREFIX = ".tmp-"
@@ -620,7 +762,9 @@ def open_blob_store(max_bytes: int, directory: str | None = None) -> BlobStore |
 
 
 __all__ = [
+    "MEMORY_FILE_MIN_BYTES",
     "Blob",
+    "BlobBuffer",
     "BlobError",
     "BlobStore",
     "BlobView",

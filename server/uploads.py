@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from remote_partitioner.proto.errors import BLOB_DIGEST, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server.blobstore import Blobs, DigestMismatch
+from remote_partitioner.server.blobstore import BlobBuffer, Blobs, DigestMismatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +17,7 @@ class CompleteBlob:
     """A blob whose last chunk arrived: its digest and its bytes, not yet verified."""
 
     digest: pb.Digest
-    data: bytearray
+    data: BlobBuffer
 
 
 class ByteBudget:
@@ -80,7 +80,7 @@ class UploadAssembly:
         self._inflight = inflight
         self.committed: list[pb.Digest] = []
         self._current: pb.Digest | None = None
-        self._buf = bytearray()
+        self._buf: BlobBuffer | None = None
 
     @property
     def pending(self) -> pb.Digest | None:
@@ -90,7 +90,7 @@ class UploadAssembly:
     @property
     def pending_bytes(self) -> int:
         """Bytes of the blob in progress received so far."""
-        return len(self._buf)
+        return self._buf.written if self._buf is not None else 0
 
     def starts_blob(self, chunk: pb.UploadBlobsRequest) -> bool:
         """Whether ``chunk`` begins a new blob (rather than continuing the current one)."""
@@ -109,31 +109,42 @@ class UploadAssembly:
         if self.starts_blob(chunk):
             if self._current is not None:
                 raise self._incomplete(
-                    f"blob {self._current.hash} ended after {len(self._buf)} of "
+                    f"blob {self._current.hash} ended after {self.pending_bytes} of "
                     f"{self._current.size_bytes} bytes"
                 )
             self._check_digest(d, "digest")
             self._inflight.reserve(d.size_bytes, f"blob {d.hash}")
-            self._current, self._buf = pb.Digest(hash=d.hash, size_bytes=d.size_bytes), bytearray()
-        current = self._current
-        assert current is not None
-        if chunk.offset != len(self._buf):
+            try:
+                self._buf = BlobBuffer(d.size_bytes)
+            except OSError as e:  # no memory file to be had (descriptors, memory)
+                self._inflight.release(d.size_bytes)
+                raise ServiceError(
+                    Reason.OVERLOADED,
+                    f"blob {d.hash}: no memory to receive it ({e}); retry in "
+                    f"{self._inflight.retry_after:g} s",
+                    {BLOB_DIGEST: d.hash}, retry_after=self._inflight.retry_after,
+                ) from e
+            self._current = pb.Digest(hash=d.hash, size_bytes=d.size_bytes)
+        current, buf = self._current, self._buf
+        assert current is not None and buf is not None
+        if chunk.offset != buf.written:
             raise ServiceError(
                 Reason.BAD_CHUNK,
-                f"blob {d.hash}: chunk at offset {chunk.offset}, expected {len(self._buf)}",
+                f"blob {d.hash}: chunk at offset {chunk.offset}, expected {buf.written}",
                 {BLOB_DIGEST: d.hash},
             )
-        if len(self._buf) + len(chunk.data) > current.size_bytes:
+        data = chunk.data  # (each read of a bytes field is a copy)
+        if buf.written + len(data) > current.size_bytes:
             raise ServiceError(
                 Reason.BAD_CHUNK,
                 f"blob {d.hash}: chunks exceed the declared size {current.size_bytes}",
                 {BLOB_DIGEST: d.hash},
             )
-        self._buf += chunk.data
-        if len(self._buf) < current.size_bytes:
+        buf.append(data)
+        if buf.written < current.size_bytes:
             return None
-        done = CompleteBlob(current, self._buf)
-        self._current, self._buf = None, bytearray()
+        done = CompleteBlob(current, buf)
+        self._current, self._buf = None, None
         self._inflight.release(current.size_bytes)
         return done
 
@@ -149,6 +160,8 @@ class UploadAssembly:
             raise ServiceError(
                 Reason.DIGEST_MISMATCH, str(e), {BLOB_DIGEST: blob.digest.hash}
             ) from e
+        finally:
+            blob.data.close()
         self.committed.append(blob.digest)
 
     def finish(self) -> pb.UploadBlobsResponse:
@@ -159,8 +172,8 @@ class UploadAssembly:
         """
         if self._current is not None:
             raise self._incomplete(
-                f"stream ended after {len(self._buf)} of {self._current.size_bytes} bytes of "
-                f"blob {self._current.hash}"
+                f"stream ended after {self.pending_bytes} of {self._current.size_bytes} bytes "
+                f"of blob {self._current.hash}"
             )
         return pb.UploadBlobsResponse(committed_digests=self.committed)
 
@@ -168,7 +181,9 @@ class UploadAssembly:
         """Drop the blob in progress (the stream was cancelled, idle or refused); idempotent."""
         if self._current is not None:
             self._inflight.release(self._current.size_bytes)
-        self._current, self._buf = None, bytearray()
+        if self._buf is not None:
+            self._buf.close()
+        self._current, self._buf = None, None
 
     def _incomplete(self, message: str) -> ServiceError:
         assert self._current is not None

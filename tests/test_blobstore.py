@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from remote_partitioner.server.blobstore import (
+    MEMORY_FILE_MIN_BYTES,
+    BlobBuffer,
     Blobs,
     BlobStore,
     DigestMismatch,
@@ -91,6 +93,68 @@ def test_memory_store_refuses_bad_bytes_and_stores_nothing() -> None:
     with pytest.raises(InvalidDigest):
         s.put("../" + h[3:], len(d), d)
     assert len(s) == 0 and s.nbytes == 0 and s.get(h) is None
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create")
+def test_a_large_received_blob_is_served_copy_on_write_from_its_memory_file() -> None:
+    s = BlobStore()
+    size = MEMORY_FILE_MIN_BYTES + 12_345
+    h, d = blob(4, size)
+    fds = _open_fds()
+    buf = BlobBuffer(size)
+    for off in range(0, size, 100_000):
+        buf.append(d[off : off + 100_000])
+    assert buf.written == size
+    s.put(h, size, buf)
+    buf.close()
+    assert _open_fds() == fds + 1  # the store holds the memory file, nothing else is open
+    a, b = s.get(h), s.get(h)
+    assert isinstance(a, memoryview) and not a.readonly and a == d and b == d
+    a[:4] = b"XXXX"  # a caller's write reaches neither the store nor another caller
+    assert b == d and s.get(h) == d and s.nbytes == size
+    del a, b
+    s.max_bytes = 0
+    h6, d6 = blob(6)
+    s.put(h6, len(d6), d6)  # evicts the large blob: its memory file is closed
+    assert s.get(h) is None and _open_fds() == fds
+
+
+def test_a_blob_buffer_refuses_bytes_past_its_size_and_stores_nothing_bad() -> None:
+    s = BlobStore()
+    for size in (10, MEMORY_FILE_MIN_BYTES):
+        h, d = blob(7, size)
+        fds = _open_fds()
+        buf = BlobBuffer(size)
+        with pytest.raises(ValueError, match="bytes written to a blob of"):
+            buf.append(d + b"!")
+        buf.append(d[:-1] + b"x")
+        with pytest.raises(DigestMismatch):
+            s.put(h, size, buf)
+        with pytest.raises(ValueError, match="cannot be written"):
+            buf.append(b"")  # its bytes were read: writing has ended
+        buf.close()
+        buf.close()
+        assert s.get(h) is None and not s.has(h, size) and _open_fds() == fds
+        ok = BlobBuffer(size)
+        ok.append(d)
+        s.put(h, size, ok)
+        ok.close()
+        assert s.get(h) == d
+
+
+def test_the_directory_store_writes_a_blob_buffer_to_its_file(tmp_path: Path) -> None:
+    ds = store(tmp_path, max_bytes=8 << 20)
+    size = MEMORY_FILE_MIN_BYTES + 1
+    h, d = blob(8, size)
+    buf = BlobBuffer(size)
+    buf.append(d)
+    ds.put(h, size, buf)
+    buf.close()
+    assert bytes(files(tmp_path / "blobs")[h].read_bytes()) == d and ds.get(h) == d
 
 
 # --------------------------------------------------------------------------------------------
