@@ -199,13 +199,17 @@ def _byte_view(data: Blob) -> bytes | bytearray | memoryview:
     return data if data.format == "B" and data.ndim == 1 else data.cast("B")
 
 
-def _verify(hash_: str, size: int, data: bytes | bytearray | memoryview) -> None:
-    """Check a well-formed digest against ``data``; raise :class:`DigestMismatch` if it does
-    not match."""
+def _verify(
+    hash_: str, size: int, data: bytes | bytearray | memoryview, *, hashed: bool = False
+) -> None:
+    """Check a well-formed digest against ``data`` (its size only if ``hashed``); raise
+    :class:`DigestMismatch` if it does not match."""
     check_digest(hash_, size)
     n = data.nbytes if isinstance(data, memoryview) else len(data)
     if n != size:
         raise DigestMismatch(f"blob {hash_}: received {n} bytes, declared {size}")
+    if hashed:
+        return
     actual = hashlib.sha256(data).hexdigest()
     if actual != hash_:
         raise DigestMismatch(f"blob declared as {hash_} hashes to {actual}")
@@ -219,8 +223,10 @@ class Blobs(Protocol):
     * ``get(hash)``: the blob's bytes (:data:`BlobView`: immutable, or writable and private
       to the caller, whose writes never reach the store), or None when it is not held (never
       bytes that do not hash to ``hash``); touches it.
-    * ``put(hash, size, data)``: verify ``data`` (raise :class:`InvalidDigest` /
-      :class:`DigestMismatch`, storing nothing) and store it; a blob already held is kept.
+    * ``put(hash, size, data, hashed=False)``: verify ``data`` (raise :class:`InvalidDigest`
+      / :class:`DigestMismatch`, storing nothing) and store it; a blob already held is kept.
+      ``hashed``: the caller computed ``hash`` from these very bytes itself (the server's own
+      results), so only the digest's form and the size are checked.
     * ``nbytes`` / ``len()``: bytes and blobs held; ``max_bytes``: the bound past which the
       least recently used blobs are evicted. An evicted blob is simply missing: clients
       upload it again.
@@ -237,7 +243,7 @@ class Blobs(Protocol):
 
     def get(self, hash_: str) -> BlobView | None: ...
 
-    def put(self, hash_: str, size: int, data: Blob) -> None: ...
+    def put(self, hash_: str, size: int, data: Blob, *, hashed: bool = False) -> None: ...
 
 
 class BlobStore:
@@ -291,15 +297,16 @@ class BlobStore:
             return data.view()
         return data if isinstance(data, bytes) else memoryview(data).toreadonly()
 
-    def put(self, hash_: str, size: int, data: Blob) -> None:
-        """Verify ``data`` against the digest and store it (the object itself, no copy).
+    def put(self, hash_: str, size: int, data: Blob, *, hashed: bool = False) -> None:
+        """Verify ``data`` against the digest (its size only, if ``hashed``: see
+        :class:`Blobs`) and store it (the object itself, no copy).
 
         Raises:
             InvalidDigest: malformed digest.
             DigestMismatch: wrong size or hash; nothing is stored.
         """
         flat = _byte_view(data)
-        _verify(hash_, size, flat)
+        _verify(hash_, size, flat, hashed=hashed)
         with self._lock:
             if hash_ in self._blobs:
                 self._blobs.move_to_end(hash_)
@@ -499,9 +506,10 @@ class DirBlobStore:
         finally:
             os.close(fd)
 
-    def put(self, hash_: str, size: int, data: Blob) -> None:
-        """Verify ``data`` against the digest and store it as the blob's file (a blob already
-        held is kept as it is, and touched).
+    def put(self, hash_: str, size: int, data: Blob, *, hashed: bool = False) -> None:
+        """Verify ``data`` against the digest (its size only, if ``hashed``: see
+        :class:`Blobs`) and store it as the blob's file (a blob already held is kept as it
+        is, and touched).
 
         Raises:
             InvalidDigest: malformed digest.
@@ -509,7 +517,7 @@ class DirBlobStore:
             OSError: the file cannot be written (after one eviction pass if the disk is full).
         """
         flat = _byte_view(data)
-        _verify(hash_, size, flat)
+        _verify(hash_, size, flat, hashed=hashed)
         path = self.path(hash_)
         if self._intact(path, size):
             return

@@ -388,7 +388,7 @@ class PartitionerInstance:
             encoded = codec.encode_program(out)
             for h, data in encoded.blobs.items():
                 raw = bytes(data)
-                self.blobs.put(h, len(raw), raw)
+                self.blobs.put(h, len(raw), raw, hashed=True)
             return pb.TransformForPreDecompositionResponse(program=encoded.message)
 
         return self._hook("TransformForPreDecomposition", request, time_remaining, transform)
@@ -539,7 +539,7 @@ class PartitionerInstance:
                     except (codec.UnrepresentableMeta, TypeError) as e:
                         raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
                     for h, raw in blobs.items():
-                        self.blobs.put(h, len(raw), raw)
+                        self.blobs.put(h, len(raw), raw, hashed=True)
                     entry.results.append(out)
         self.results.put(key, response)
         return response

@@ -53,6 +53,13 @@ class StreamStats:
         return self._instance.inflight.used
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a background future's outcome as seen (its error is raised where it is awaited,
+    or dropped with a stream that ended for another reason)."""
+    if not future.cancelled():
+        future.exception()
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
     status = make_status(error)
     await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
@@ -194,12 +201,26 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 {BLOB_DIGEST: pending.hash} if pending is not None else None,
             )
 
+        # A completed blob is verified (hashed) off the loop while the next one arrives, one
+        # at a time per stream: blobs are committed in stream order, and a stream holds at
+        # most one completed blob beyond its in-flight reservation.
+        verifying: asyncio.Future[None] | None = None
         self.streams.open_streams += 1
         try:
             async for chunk in self._read(request_iterator, idle):
                 complete = assembly.feed(chunk)
                 if complete is not None:
-                    await self._off_loop(self._io, assembly.commit, complete)
+                    if verifying is not None:
+                        await verifying
+                    verifying = asyncio.ensure_future(
+                        self._off_loop(self._io, assembly.commit, complete)
+                    )
+                    verifying.add_done_callback(_retrieve)
+                elif verifying is not None and verifying.done():
+                    await verifying  # a mismatch ends the stream as soon as it is known
+                    verifying = None
+            if verifying is not None:
+                await verifying
             return assembly.finish()
         except ServiceError as e:
             await _abort(context, e)

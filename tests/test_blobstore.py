@@ -123,6 +123,20 @@ def test_a_large_received_blob_is_served_copy_on_write_from_its_memory_file() ->
     assert s.get(h) is None and _open_fds() == fds
 
 
+@pytest.mark.parametrize("kind", ["memory", "directory"])
+def test_a_blob_hashed_by_its_caller_is_checked_for_form_and_size_only(
+    kind: str, tmp_path: Path
+) -> None:
+    s: Blobs = BlobStore() if kind == "memory" else store(tmp_path)
+    h, d = blob(9)
+    with pytest.raises(DigestMismatch):
+        s.put(h, len(d) + 1, d, hashed=True)
+    with pytest.raises(InvalidDigest):
+        s.put(h.upper(), len(d), d, hashed=True)
+    s.put(h, len(d), d, hashed=True)
+    assert s.get(h) == d and s.has(h, len(d))
+
+
 def test_a_blob_buffer_refuses_bytes_past_its_size_and_stores_nothing_bad() -> None:
     s = BlobStore()
     for size in (10, MEMORY_FILE_MIN_BYTES):
