@@ -61,18 +61,21 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-def remote_exception(type_name: str, message: str, tb: str) -> BaseException:
+def remote_exception(
+    type_name: str, message: str, tb: str, without_arguments: bool = False
+) -> BaseException:
     """The exception a hosted partitioner raised, rebuilt on the client.
 
-    A built-in exception class is rebuilt as itself with the same message, so callers see what
-    the local partitioner would raise; any other class becomes a :class:`RemotePartitionerError`
-    whose message starts with the remote class name. The remote traceback is the ``__cause__``.
+    A built-in exception class is rebuilt as itself with the same message (with no arguments
+    at all when it was raised without, ``without_arguments``), so callers see what the local
+    partitioner would raise; any other class becomes a :class:`RemotePartitionerError` whose
+    message starts with the remote class name. The remote traceback is the ``__cause__``.
     """
     cls = getattr(builtins, type_name, None)
     exc: BaseException
     if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, OSError):
         try:
-            exc = cls(message)
+            exc = cls() if without_arguments and not message else cls(message)
         except Exception:
             exc = RemotePartitionerError(f"{type_name}: {message}")
     else:
@@ -109,6 +112,7 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
             metadata.get(errors.EXCEPTION_TYPE, "Exception"),
             metadata.get(errors.EXCEPTION_MESSAGE, details),
             metadata.get(errors.EXCEPTION_TRACEBACK, ""),
+            metadata.get(errors.EXCEPTION_WITHOUT_ARGUMENTS) == "true",
         )
     cls: type[RemotePartitionerError] = RemotePartitionerError
     if reason == errors.Reason.UNKNOWN_PARTITIONER:

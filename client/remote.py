@@ -708,7 +708,9 @@ class _RemoteFilter:
                 f"{node.name!r}, which is not in the program it was computed on"
             ) from None
         if isinstance(answer, pb.RemoteException):
-            raise remote_exception(answer.type, answer.message, answer.traceback)
+            raise remote_exception(
+                answer.type, answer.message, answer.traceback, answer.without_arguments
+            )
         return answer
 
 

@@ -121,6 +121,9 @@ class ServiceError(Exception):
 EXCEPTION_TYPE = "exception_type"
 EXCEPTION_MESSAGE = "exception_message"
 EXCEPTION_TRACEBACK = "traceback"
+#: Present, as "true", when the exception was raised without arguments (see
+#: ``RemoteException.without_arguments``).
+EXCEPTION_WITHOUT_ARGUMENTS = "exception_without_arguments"
 # ErrorInfo.metadata key naming the offending spec key (INVALID_SPEC) or blob (BLOB_*).
 SPEC_KEY = "spec_key"
 EXPECTED_TYPE = "expected_type"

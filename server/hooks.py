@@ -41,7 +41,9 @@ def remote_exception(exc: BaseException) -> pb.RemoteException:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if len(tb) > MAX_TRACEBACK_CHARS:
         tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
-    return pb.RemoteException(type=type(exc).__name__, message=message, traceback=tb)
+    return pb.RemoteException(
+        type=type(exc).__name__, message=message, traceback=tb, without_arguments=not args
+    )
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:

@@ -33,6 +33,7 @@ from remote_partitioner.proto.errors import (
     EXCEPTION_MESSAGE,
     EXCEPTION_TRACEBACK,
     EXCEPTION_TYPE,
+    EXCEPTION_WITHOUT_ARGUMENTS,
     EXPECTED_TYPE,
     SPEC_KEY,
     TENSOR_NAME,
@@ -185,7 +186,8 @@ def partitioner_raised(
     return ServiceError(
         Reason.PARTITIONER_RAISED,
         f"{who} raised {r.type}: {summary}",
-        {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback},
+        {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback,
+         **({EXCEPTION_WITHOUT_ARGUMENTS: "true"} if r.without_arguments else {})},
     )
 
 

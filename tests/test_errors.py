@@ -961,7 +961,8 @@ class RaisingPartitioner(Partitioner):
     "long" (ValueError with an 8 KB message), "ops" (RuntimeError from
     ops_to_not_decompose), "filter" (IndexError from the filter on node ``node``),
     "transform" (TypeError from transform_for_pre_decomposition), "constructor" (ValueError
-    from the constructor), or "" (nothing).
+    from the constructor), "bare" (an AssertionError without arguments from partition),
+    "bare_filter" (the same from the filter on node ``node``), or "" (nothing).
     """
 
     def __init__(self, fail: str = "", node: str = "add") -> None:
@@ -980,6 +981,8 @@ class RaisingPartitioner(Partitioner):
             raise KeyError("X")
         if self.fail == "long":
             raise ValueError(LONG_MESSAGE)
+        if self.fail == "bare":
+            raise AssertionError
         return PartitionResult(tagged_exported_program=exported_program, partition_tags={})
 
     def ops_to_not_decompose(
@@ -991,6 +994,8 @@ class RaisingPartitioner(Partitioner):
         def check(node: torch.fx.Node) -> bool:
             if self.fail == "filter" and node.name == self.node:
                 raise IndexError(f"no index for node {node.name}")
+            if self.fail == "bare_filter" and node.name == self.node:
+                raise AssertionError
             return node.op == "call_function"
 
         return [], check
@@ -1196,6 +1201,9 @@ def test_filter_failure_on_the_wire(raiser: Conn, aten_ep: ExportedProgram) -> N
         ("filter", IndexError),
         ("ops", RuntimeError),
         ("transform", TypeError),
+        # Raised without arguments: args () remotely too, not ("",).
+        ("bare", AssertionError),
+        ("bare_filter", AssertionError),
     ],
 )
 def test_local_and_remote_lowering_raise_alike(

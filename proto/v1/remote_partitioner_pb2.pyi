@@ -292,14 +292,16 @@ class NodeTag(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class RemoteException(_message.Message):
-    __slots__ = ("type", "message", "traceback")
+    __slots__ = ("type", "message", "traceback", "without_arguments")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     type: str
     message: str
     traceback: str
-    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+    without_arguments: bool
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., without_arguments: _Optional[bool] = ...) -> None: ...
 
 class ListPartitionersRequest(_message.Message):
     __slots__ = ()
