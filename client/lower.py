@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,9 @@ class LowerClient:
         credentials: TLS channel credentials; None for plaintext.
         token: bearer token sent as ``authorization: Bearer <token>``.
         timeout: deadline of each call, in seconds.
+        max_retries: how many times a call the server refused as busy (``OVERLOADED``, an
+            upload past its in-flight bound or a lowering past its queue) is made again, each
+            after the delay its ``RetryInfo`` names (at most 30 s).
     """
 
     def __init__(
@@ -49,8 +53,12 @@ class LowerClient:
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
         timeout: float | None = None,
+        max_retries: int = 5,
     ) -> None:
         self.channel = open_channel(target, credentials)
+        self.max_retries = max_retries
+        #: Calls made again after the server said it was busy.
+        self.overloaded_retries = 0
         self.stub = pb_grpc.RemotePartitionerStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
@@ -102,16 +110,25 @@ class LowerClient:
         options = pb.LowerOptions(
             report_only=report_only, skip_ir_validity_check=skip_ir_validity_check
         )
-        for attempt in (0, 1):
-            digest = self.upload(archive, upload_progress if attempt == 0 else None)
-            request = pb.LowerRequest(archive=digest, partitioners=partitioners, options=options)
+        missing, waits, progress = 0, 0, upload_progress
+        while True:
             try:
+                digest = self.upload(archive, progress)
+                progress = None  # (reported once)
+                request = pb.LowerRequest(
+                    archive=digest, partitioners=partitioners, options=options
+                )
                 return self._receive(request)
             except RemotePartitionerError as e:
-                if attempt == 0 and e.reason == errors.Reason.BLOB_MISSING:
+                if missing == 0 and e.reason == errors.Reason.BLOB_MISSING:
+                    missing += 1
                     continue  # evicted between upload and call
+                if e.retry_delay is not None and waits < self.max_retries:
+                    waits += 1  # the server is busy and said when to come back
+                    self.overloaded_retries += 1
+                    time.sleep(min(e.retry_delay, 30.0))
+                    continue
                 raise
-        raise AssertionError("unreachable")
 
     def _receive(self, request: pb.LowerRequest) -> LowerResult:
         first: pb.LowerResponse | None = None

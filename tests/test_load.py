@@ -26,6 +26,7 @@ from streams import MIB, StalledStreams
 
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_error
+from remote_partitioner.client.lower import LowerClient, partitioner_ref
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.errors import Reason
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
@@ -172,6 +173,26 @@ def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
         pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
     assert pte == local
     assert remote.stats["overloaded_retries"] >= 1, remote.stats
+
+
+@pytest.mark.slow
+@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "3")
+def test_the_lower_client_retries_an_upload_refused_for_bytes_in_flight(server: str) -> None:
+    import io
+
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU())  # 2 MiB of weights
+    ep = torch.export.export(model, (torch.randn(2, 512),))
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    local = bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+                  .to_executorch().buffer)
+    # As above: the archive's upload is refused until the stalled stream is cancelled.
+    with StalledStreams(server, 1, "upload", blob_bytes=7 * MIB // 2), \
+            LowerClient(server, timeout=120, max_retries=20) as client:
+        result = client.lower(buffer.getvalue(), [partitioner_ref("xnnpack")])
+    assert result.pte == local
+    assert client.overloaded_retries >= 1
 
 
 @pytest.mark.slow
