@@ -480,6 +480,48 @@ def summarize(models: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _model_round(name: str, repeat: int) -> dict[str, Any]:
+    """One child process lowering ``name`` against fresh servers (see :func:`run_model`)."""
+    with server() as (proc, target), contextlib.ExitStack() as more:
+        # llama2 also lowers with preprocess on a second fresh server.
+        extra = (["--preprocess-target", more.enter_context(server())[1]]
+                 if name == LLAMA else [])
+        child = subprocess.run(
+            [sys.executable, __file__, "--one", name, "--target", target,
+             "--repeat", str(repeat), *extra],
+            capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        if child.returncode != 0:
+            print(child.stderr[-4000:], file=sys.stderr)
+            raise SystemExit(f"[bench] {name} failed")
+        result: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+        result["server_peak_rss"] = peak_rss(proc.pid)
+    return result
+
+
+def _fastest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's rounds as one result: each run (local, cold, warm, preprocess) from the
+    round where it was fastest, every round's samples, the highest peak RSS, and identical
+    only if every round was."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out = dict(rounds[0])
+    out["runs"] = {run: min((r["runs"][run] for r in rounds), key=lambda x: x["wall_s"])
+                   for run in rounds[0]["runs"]}
+    out["samples_s"] = {
+        run: [s for r in rounds for s in r["samples_s"].get(run, [])]
+        for run in rounds[0]["samples_s"]
+    }
+    if "remote_preprocess" in rounds[0]["runs"]:
+        out["samples_s"]["remote_preprocess"] = [
+            r["runs"]["remote_preprocess"]["wall_s"] for r in rounds]
+    out["all_identical"] = all(r["all_identical"] for r in rounds)
+    out["server_peak_rss"] = max(r["server_peak_rss"] for r in rounds)
+    out["client_peak_rss"] = max(r["client_peak_rss"] for r in rounds)
+    out["rounds"] = len(rounds)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=EXAMPLE_MODELS,
@@ -491,6 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=6, help="concurrent throughput clients")
     parser.add_argument("--repeat", type=int, default=3,
                         help="local and warm runs per example model; the fastest counts")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of llama2 and huge (each its own client process and fresh "
+                             "servers: local, cold, warm); each run's fastest round counts")
     parser.add_argument("--json", default="build/bench.json", help="where the figures go")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child mode: MODEL
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -506,21 +551,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [*args.models, *([] if args.no_llama else [LLAMA]), *([] if args.no_huge else [HUGE])]
     models = []
     for name in names:
-        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        with server() as (proc, target), contextlib.ExitStack() as more:
-            # llama2 also lowers with preprocess on a second fresh server.
-            extra = (["--preprocess-target", more.enter_context(server())[1]]
-                     if name == LLAMA else [])
-            child = subprocess.run(
-                [sys.executable, __file__, "--one", name, "--target", target,
-                 "--repeat", str(args.repeat), *extra],
-                capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-            )
-            if child.returncode != 0:
-                print(child.stderr[-4000:], file=sys.stderr)
-                raise SystemExit(f"[bench] {name} failed")
-            result = json.loads(child.stdout.strip().splitlines()[-1])
-            result["server_peak_rss"] = peak_rss(proc.pid)
+        rounds = []
+        for i in range(args.rounds if name in (LLAMA, HUGE) else 1):
+            print(f"[bench] {name} ..." + (f" (round {i + 1} of {args.rounds})"
+                                          if args.rounds > 1 and name in (LLAMA, HUGE) else ""),
+                  file=sys.stderr, flush=True)
+            rounds.append(_model_round(name, args.repeat))
+        result = _fastest(rounds)
         models.append(result)
         r = result["runs"]
         print(f"[bench] {name}: local {r['local']['wall_s']:.2f} s, cold "
