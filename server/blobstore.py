@@ -41,16 +41,49 @@ MEMORY_FILE_MIN_BYTES = 1 << 20
 _memfd_create = getattr(os, "memfd_create", None)
 
 
+class _Descriptors:
+    """Counts the memory files open in this process, so that they never take more than half
+    of its file descriptor limit (connections need the rest)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def budget() -> int:
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):
+            return 0
+        return 1 << 20 if soft == resource.RLIM_INFINITY else soft // 2
+
+    def acquire(self) -> bool:
+        with self._lock:
+            if self.open >= self.budget():
+                return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
+_memory_files = _Descriptors()
+
+
 class BlobBuffer:
     """Memory for one blob being received, written in order (:meth:`append`), that a store
     takes without a copy.
 
     A blob of at least :data:`MEMORY_FILE_MIN_BYTES` is written to an anonymous memory file
     of its declared size (sparse: a page costs memory once written), which
-    :class:`BlobStore` keeps as it is; a smaller one (or any, without ``memfd_create``) to a
-    ``bytearray``. Writing ends at the first :meth:`view`. The buffer owns what it holds
-    until a store :meth:`take` s it; :meth:`close` releases whatever it still owns
-    (idempotent). Not thread-safe: one writer.
+    :class:`BlobStore` keeps as it is (one file descriptor per blob); a smaller one, or any
+    without ``memfd_create`` or a free descriptor, to a ``bytearray``. Writing ends at the
+    first :meth:`view`. The buffer owns what it holds until a store :meth:`take` s it;
+    :meth:`close` releases whatever it still owns (idempotent). Not thread-safe: one writer.
     """
 
     def __init__(self, size: int) -> None:
@@ -62,13 +95,19 @@ class BlobBuffer:
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._bytes = bytearray()
-        if size >= MEMORY_FILE_MIN_BYTES and _memfd_create is not None:
-            fd = _memfd_create("blob", getattr(os, "MFD_CLOEXEC", 0))
+        if (size >= MEMORY_FILE_MIN_BYTES and _memfd_create is not None
+                and _memory_files.acquire()):
             try:
-                os.ftruncate(fd, size)
-            except OSError:
-                os.close(fd)
-                raise
+                fd = _memfd_create("blob", getattr(os, "MFD_CLOEXEC", 0))
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    os.close(fd)
+                    raise
+            except OSError as e:  # no descriptor: the bytes are kept in memory all the same
+                _memory_files.release()
+                logger.debug("no memory file for a blob of %d bytes: %s", size, e)
+                return
             self._fd = fd
 
     @property
@@ -127,6 +166,7 @@ class BlobBuffer:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            _memory_files.release()
         self._bytes = bytearray()
 
     def _unmap(self) -> None:
@@ -157,6 +197,7 @@ class _MemoryFile:
         # Mappings made by view() hold the file open themselves.
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        _memory_files.release()
 
 
 #: A blob's bytes as a store takes them.

@@ -114,16 +114,7 @@ class UploadAssembly:
                 )
             self._check_digest(d, "digest")
             self._inflight.reserve(d.size_bytes, f"blob {d.hash}")
-            try:
-                self._buf = BlobBuffer(d.size_bytes)
-            except OSError as e:  # no memory file to be had (descriptors, memory)
-                self._inflight.release(d.size_bytes)
-                raise ServiceError(
-                    Reason.OVERLOADED,
-                    f"blob {d.hash}: no memory to receive it ({e}); retry in "
-                    f"{self._inflight.retry_after:g} s",
-                    {BLOB_DIGEST: d.hash}, retry_after=self._inflight.retry_after,
-                ) from e
+            self._buf = BlobBuffer(d.size_bytes)
             self._current = pb.Digest(hash=d.hash, size_bytes=d.size_bytes)
         current, buf = self._current, self._buf
         assert current is not None and buf is not None

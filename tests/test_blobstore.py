@@ -137,6 +137,36 @@ def test_a_blob_hashed_by_its_caller_is_checked_for_form_and_size_only(
     assert s.get(h) == d and s.has(h, len(d))
 
 
+def test_without_a_descriptor_a_large_blob_is_kept_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import errno
+
+    from remote_partitioner.server import blobstore
+
+    def no_descriptor(name: str, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    s = BlobStore()
+    size = MEMORY_FILE_MIN_BYTES
+    for i, patch in enumerate([
+        lambda: monkeypatch.setattr(blobstore, "_memfd_create", no_descriptor),
+        # Memory files never take more than half of the descriptor limit.
+        lambda: monkeypatch.setattr(blobstore._Descriptors, "budget", staticmethod(lambda: 0)),
+    ]):
+        monkeypatch.undo()
+        patch()
+        h, d = blob(10 + i, size)
+        opened = blobstore._memory_files.open
+        buf = BlobBuffer(size)
+        buf.append(d)
+        s.put(h, size, buf)
+        buf.close()
+        got = s.get(h)
+        assert isinstance(got, memoryview) and got.readonly and got == d
+        assert blobstore._memory_files.open == opened
+
+
 def test_a_blob_buffer_refuses_bytes_past_its_size_and_stores_nothing_bad() -> None:
     s = BlobStore()
     for size in (10, MEMORY_FILE_MIN_BYTES):
