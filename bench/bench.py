@@ -95,6 +95,17 @@ def _readline(stream: Any, timeout: float) -> str:
     return out[0] if out else ""
 
 
+def memory_file_bytes(pid: int | str = "self") -> int:
+    """Bytes a process holds in anonymous memory files (``memfd``, where the in-memory blob
+    store keeps large blobs): shared memory, not in its RSS unless mapped."""
+    total = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith("/memfd:"):
+                total += os.stat(fd).st_blocks * 512
+    return total
+
+
 def _children_rss(pid: int) -> int:
     """Peak RSS of ``pid`` and of its child processes (the workers of ``--workers``)."""
     total = peak_rss(pid)

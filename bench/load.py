@@ -11,7 +11,8 @@ Figures:
   call runs the partitioner), their p50 and p99 latency, and the slowest health check made
   meanwhile (one every 0.1 s);
 * 16 clients uploading 100 MB each at once (distinct random blobs; a refused upload waits as
-  its RetryInfo says and tries again): the server's peak RSS (``VmHWM``) and how many uploads
+  its RetryInfo says and tries again): the server's peak RSS (``VmHWM``), the bytes it holds in
+  memory files (large blobs, outside the RSS), and how many uploads
   were refused, with the default in-flight bound (2 GiB) and with a 512 MiB one.
 """
 
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from streams import MIB, StalledStreams
 
-from bench import export, peak_rss, server
+from bench import export, memory_file_bytes, peak_rss, server
 
 PARTITION_CLIENTS = 4
 UPLOAD_CLIENTS = 16
@@ -155,6 +156,8 @@ def concurrent_uploads(max_inflight: int | None) -> dict[str, Any]:
             "bytes_each": UPLOAD_BYTES, "seconds": time.monotonic() - t0,
             "refused": sum(refused), "server_rss_before": baseline,
             "server_peak_rss": peak_rss(proc.pid),
+            # Large blobs live in memory files, outside the RSS (see server/blobstore.py).
+            "server_memory_file_bytes": memory_file_bytes(proc.pid),
         }
 
 
@@ -171,7 +174,9 @@ def report(results: dict[str, Any]) -> str:
             f"{u['clients']} x {u['bytes_each'] / 1e6:.0f} MB uploads at once, in-flight bound "
             f"{bound}: server peak RSS {u['server_peak_rss'] / 1e9:.2f} GB (before "
             f"{u['server_rss_before'] / 1e9:.2f} GB; blobs held "
-            f"{u['clients'] * u['bytes_each'] / 1e9:.2f} GB), {u['refused']} refusals retried, "
+            f"{u['clients'] * u['bytes_each'] / 1e9:.2f} GB, of which "
+            f"{u.get('server_memory_file_bytes', 0) / 1e9:.2f} GB in memory files, outside the "
+            f"RSS), {u['refused']} refusals retried, "
             f"{u['seconds']:.1f} s")
     return "\n".join(lines)
 
