@@ -211,7 +211,11 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 complete = assembly.feed(chunk)
                 if complete is not None:
                     if verifying is not None:
-                        await verifying
+                        try:
+                            await verifying
+                        except BaseException:
+                            complete.data.close()  # (never to be committed)
+                            raise
                     verifying = asyncio.ensure_future(
                         self._off_loop(self._io, assembly.commit, complete)
                     )

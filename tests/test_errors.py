@@ -612,6 +612,20 @@ def test_upload_digest_mismatch_after_good_chunks(conn: Conn) -> None:
     assert conn.missing(declared) == [declared]
 
 
+def test_a_mismatch_between_good_blobs_keeps_the_blobs_before_it(conn: Conn) -> None:
+    """A blob is verified while the next one arrives: a mismatch still ends the stream, the
+    blobs before it stay stored and none after it is."""
+    first, third = _unique(2000), _unique(2000)
+    good, later = codec.digest_of(first), codec.digest_of(third)
+    declared = codec.digest_of(_unique(2000))
+    chunks = [_chunk(good, 0, first), _chunk(declared, 0, _unique(2000)), _chunk(later, 0, third)]
+    _, meta = conn.fails(
+        lambda: conn.upload_chunks(chunks), Code.DATA_LOSS, Reason.DIGEST_MISMATCH, declared.hash
+    )
+    assert meta[BLOB_DIGEST] == declared.hash
+    assert conn.missing(good, declared, later) == [declared, later]
+
+
 def test_stream_ends_mid_blob(conn: Conn) -> None:
     data = _unique(10)
     d = codec.digest_of(data)
