@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import time
 
 import grpc
 from google.rpc import error_details_pb2
@@ -29,6 +30,16 @@ class RemotePartitionerError(Exception):
         self.metadata = dict(metadata or {})
         #: Seconds the server asked the client to wait before retrying (``RetryInfo``).
         self.retry_delay = retry_delay
+
+    def wait_as_told(self) -> None:
+        """Sleep for :attr:`retry_delay`, at most :data:`MAX_RETRY_DELAY_S` (nothing without
+        one)."""
+        if self.retry_delay is not None:
+            time.sleep(min(self.retry_delay, MAX_RETRY_DELAY_S))
+
+
+#: The longest a client waits, as a server's ``RetryInfo`` asks, before calling again.
+MAX_RETRY_DELAY_S = 30.0
 
 
 class PartitionerNotFoundError(RemotePartitionerError, KeyError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +42,8 @@ class LowerClient:
         timeout: deadline of each call, in seconds.
         max_retries: how many times a call the server refused as busy (``OVERLOADED``, an
             upload past its in-flight bound or a lowering past its queue) is made again, each
-            after the delay its ``RetryInfo`` names (at most 30 s).
+            after the delay its ``RetryInfo`` names (at most
+            :data:`~remote_partitioner.client.errors.MAX_RETRY_DELAY_S`).
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class LowerClient:
                 if e.retry_delay is not None and waits < self.max_retries:
                     waits += 1  # the server is busy and said when to come back
                     self.overloaded_retries += 1
-                    time.sleep(min(e.retry_delay, 30.0))
+                    e.wait_as_told()
                     continue
                 raise
 

@@ -434,7 +434,7 @@ class RemotePartitioner(Partitioner):
                 if e.retry_delay is not None and waits < self.max_retries:
                     waits += 1  # the server is busy and said when to come back
                     self.stats["overloaded_retries"] += 1
-                    time.sleep(min(e.retry_delay, 30.0))
+                    e.wait_as_told()
                     continue
                 raise
 
