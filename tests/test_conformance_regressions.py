@@ -188,3 +188,41 @@ def test_server_refuses_a_malformed_generator_state(drawing_server: tuple[str, t
             )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "rng_state" in (info.value.details() or "")
+
+
+# --------------------------------------------------------------------------------------------
+# A program returning one of torch's structseq types (torch.return_types.median): torch's
+# serializer has no name for them, so the remote path failed at its first hook, where the
+# local lowering goes on to ExecuTorch's own verdict (the suite's test_median_with_indices).
+
+
+class _Median(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.return_types.median:
+        return torch.median(x, dim=1, keepdim=True)
+
+
+def test_a_structseq_output_crosses_and_torch_is_left_as_it_was() -> None:
+    from torch.utils import _pytree as pytree
+
+    ep = export(_Median(), (torch.randn(3, 4),), strict=True)
+    assert ep.call_spec.out_spec.type is torch.return_types.median
+    encoded = codec.encode_program(ep)
+    back = codec.decode_program(encoded.message, lambda d: encoded.blobs[d.hash])
+    assert back.call_spec.out_spec == ep.call_spec.out_spec
+    # The names exist only while the codec runs: torch.export.save still refuses it.
+    entry = pytree.SUPPORTED_SERIALIZED_TYPES[torch.return_types.median]
+    assert entry.serialized_type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND
+    assert "torch.return_types.median" not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+
+
+def test_a_structseq_output_fails_remotely_as_locally(server_address: str) -> None:
+    ep = export(_Median(), (torch.randn(3, 4),), strict=True)
+    with pytest.raises(Exception) as local:
+        to_edge_transform_and_lower(copy.deepcopy(ep), partitioner=[XnnpackPartitioner()])
+    with pytest.raises(Exception) as remote:
+        to_edge_transform_and_lower(
+            copy.deepcopy(ep), partitioner=[RemotePartitioner(server_address, "xnnpack")]
+        )
+    assert type(remote.value) is type(local.value)
+    assert type(local.value).__name__ == "SpecViolationError"  # ExecuTorch's own verdict
+    assert str(remote.value) == str(local.value)

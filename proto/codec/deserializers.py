@@ -17,6 +17,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from remote_partitioner.proto.codec.pytree_names import return_type_names
 from remote_partitioner.proto.codec.serializers import GET_ATTR_MARKER, LOWERED_MARKER
 from remote_partitioner.proto.graph_check import checked_graph_json
 from remote_partitioner.proto.program_errors import ProgramDecodeError
@@ -114,7 +115,7 @@ def deserialize_aten(
     from torch._export.serde import serialize as tser
 
     value = checked_graph_json(raw)
-    with schema_type_hints_memoized():
+    with schema_type_hints_memoized(), return_type_names():
         serialized = tser._dict_to_dataclass(tser.ExportedProgram, value)
         return tser.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants)
 
@@ -228,7 +229,7 @@ def deserialize_edge(
             return super().deserialize_input(inp)
 
     value = checked_graph_json(raw)
-    with schema_type_hints_memoized():
+    with schema_type_hints_memoized(), return_type_names():
         serialized = export_serialize._dict_to_dataclass(schema.ExportedProgram, value)
     original_init = Deserializer.__init__
 
@@ -242,7 +243,7 @@ def deserialize_edge(
         saved = eser.GraphModuleDeserializer
         eser.GraphModuleDeserializer = Deserializer
         try:
-            with schema_type_hints_memoized():
+            with schema_type_hints_memoized(), return_type_names():
                 return eser.ExportedProgramDeserializer().deserialize(
                     serialized, state_dict, constants
                 )

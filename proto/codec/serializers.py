@@ -17,6 +17,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from remote_partitioner.proto.codec.pytree_names import return_type_names
 from remote_partitioner.proto.program_errors import CodecError, ProgramEncodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
@@ -125,7 +126,7 @@ def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
     from torch._export.serde import serialize as tser
 
     try:
-        with _enable_graph_inputs_of_type_nn_module(ep.example_inputs):
+        with _enable_graph_inputs_of_type_nn_module(ep.example_inputs), return_type_names():
             ep.validate()
             module = tser.GraphModuleSerializer(
                 ep.graph_signature, ep.module_call_graph
@@ -230,7 +231,8 @@ def serialize_edge(
     serializer.module_tensors = module_tensors
     serializer.paths = paths
     try:
-        graph_module = serializer.serialize(ep.graph_module)
+        with return_type_names():
+            graph_module = serializer.serialize(ep.graph_module)
         serialized = schema.ExportedProgram(
             graph_module=graph_module,
             opset_version={"aten": torch._C._get_max_operator_version()},
