@@ -169,11 +169,11 @@ class ConformancePlugin:
         self.done: set[tuple[str, str]] = set()
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
+            # The log is only ever appended to: a later run of a test supersedes its earlier
+            # lines (see read_log), and no run erases what earlier sittings measured.
             log = json_path.with_suffix(".jsonl")
             if resume and log.exists():
                 self.done = {(r["flow"], r["test"]) for r in read_log([log])["complete"]}
-            else:
-                log.write_text("")
         self._patch_suite()
 
     def _patch_suite(self) -> None:
@@ -544,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", help="an existing server's target; else one is started")
     parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
     parser.add_argument("--resume", action="store_true",
-                        help="keep the JSON's .jsonl log and run only the tests it does not "
-                        "hold complete (a long run over several sittings)")
+                        help="run only the tests the JSON's .jsonl log does not hold complete (a "
+                        "long run over several sittings); the log is appended to either way")
     parser.add_argument("--summary", nargs="+", type=Path, metavar="LOG",
                         help="print the table of these .jsonl logs and exit (1 if any differs)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
