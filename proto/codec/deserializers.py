@@ -10,7 +10,7 @@ import contextlib
 import json
 import threading
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.proto.codec.pytree_names import return_type_names
 from remote_partitioner.proto.codec.serializers import GET_ATTR_MARKER, LOWERED_MARKER
+from remote_partitioner.proto.codec.shared_patch import SharedPatch
 from remote_partitioner.proto.graph_check import checked_graph_json
 from remote_partitioner.proto.program_errors import ProgramDecodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
@@ -34,10 +35,8 @@ _SCHEMA_MODULES = frozenset({"torch._export.serde.schema", "executorch.exir.serd
 #: Type hints of the schema modules' classes, by (class, id of the globals passed), once per
 #: process: a class's hints never change.
 _SCHEMA_HINTS: dict[tuple[type, int], dict[str, Any]] = {}
-_hints_lock = threading.Lock()
-_hints_users = 0  # the calls inside schema_type_hints_memoized(), in every thread
-_hints_original: Callable[..., dict[str, Any]] | None = None
-_hints_installed: Callable[..., dict[str, Any]] | None = None
+#: (the function replaced, its replacement) while a schema_type_hints_memoized() block runs.
+_hints_swap: list[Callable[..., dict[str, Any]]] = []
 
 
 def _memoized_type_hints(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -63,8 +62,24 @@ def _memoized_type_hints(original: Callable[..., dict[str, Any]]) -> Callable[..
     return get_type_hints
 
 
-@contextlib.contextmanager
-def schema_type_hints_memoized() -> Iterator[None]:
+def _install_memoized_hints() -> None:
+    original = typing.get_type_hints
+    installed = _memoized_type_hints(original)
+    typing.get_type_hints = installed
+    _hints_swap[:] = [original, installed]
+
+
+def _restore_type_hints() -> None:
+    original, installed = _hints_swap
+    if typing.get_type_hints is installed:
+        typing.get_type_hints = original  # type: ignore[assignment]
+    _hints_swap.clear()
+
+
+_memoized_hints = SharedPatch(_install_memoized_hints, _restore_type_hints)
+
+
+def schema_type_hints_memoized() -> contextlib.AbstractContextManager[None]:
     """Within the block, ``typing.get_type_hints`` remembers its answer for the export schemas'
     classes; on leaving it (the last of nested or concurrent blocks), the function is the one
     it was before.
@@ -80,22 +95,7 @@ def schema_type_hints_memoized() -> Iterator[None]:
     it returns the one remembered dict, which callers must not mutate (the deserializers only
     read it). If something else replaced ``typing.get_type_hints`` meanwhile, it is left alone.
     """
-    global _hints_users, _hints_original, _hints_installed
-    with _hints_lock:
-        if _hints_users == 0:
-            _hints_original = typing.get_type_hints
-            _hints_installed = _memoized_type_hints(_hints_original)
-            typing.get_type_hints = _hints_installed
-        _hints_users += 1
-    try:
-        yield
-    finally:
-        with _hints_lock:
-            _hints_users -= 1
-            if _hints_users == 0:
-                if typing.get_type_hints is _hints_installed:
-                    typing.get_type_hints = _hints_original  # type: ignore[assignment]
-                _hints_original = _hints_installed = None
+    return _memoized_hints()
 
 
 #: Held while exir's module-level GraphModuleDeserializer is replaced (see deserialize_edge).
@@ -152,7 +152,7 @@ def deserialize_edge(
         def _module_path(self) -> str:
             # Submodule graphs are deserialized into fresh modules; their path is tracked
             # through the stack of graph arguments being read.
-            return "." .join(self._path_stack)
+            return ".".join(self._path_stack)
 
         def deserialize_lowered_module(self, arg: Any) -> torch.fx.Node:
             ref = json.loads(arg.arg.value).get(LOWERED_MARKER)
@@ -207,7 +207,7 @@ def deserialize_edge(
 
         def deserialize_input(self, inp: Any) -> Any:
             if inp.type == "as_string" and inp.value.startswith(GET_ATTR_MARKER):
-                ref = json.loads(inp.value[len(GET_ATTR_MARKER):])
+                ref = json.loads(inp.value[len(GET_ATTR_MARKER) :])
                 tensor_ref = module_tensors.get((self._module_path(), ref["target"]))
                 if tensor_ref is None:
                     raise ProgramDecodeError(f"module tensor {ref!r} is not in the program")

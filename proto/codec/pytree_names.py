@@ -15,12 +15,10 @@ differently.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-_lock = threading.Lock()
-_users = 0
+from remote_partitioner.proto.codec.shared_patch import SharedPatch
+
 #: (class, the registry's entry before the block) of every name the block added.
 _added: list[tuple[type, Any]] = []
 
@@ -52,19 +50,10 @@ def _uninstall() -> None:
     _added.clear()
 
 
-@contextlib.contextmanager
-def return_type_names() -> Iterator[None]:
+_return_type_names = SharedPatch(_install, _uninstall)
+
+
+def return_type_names() -> contextlib.AbstractContextManager[None]:
     """Within the block, torch's structseq return types have serialized names (see the
     module docstring); visible to every thread while any block runs."""
-    global _users
-    with _lock:
-        if _users == 0:
-            _install()
-        _users += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _users -= 1
-            if _users == 0:
-                _uninstall()
+    return _return_type_names()
