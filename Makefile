@@ -102,5 +102,9 @@ distclean: clean
 # ExecuTorch's backend conformance suite, every hosted flow and its remote twin (long on 2 cores;
 # CONFORMANCE_ARGS=... passes on, e.g. --flows xnnpack --suite operators -k test_add).
 CONFORMANCE_ARGS ?=
-conformance: venv
+conformance: $(VENV)/.conformance-stamp
 	$(BIN)/python scripts/conformance.py --json build/conformance.json $(CONFORMANCE_ARGS)
+
+$(VENV)/.conformance-stamp: $(STAMP)
+	$(BIN)/python -m pip install -e '.[dev,conformance]'
+	touch $@

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -535,6 +536,44 @@ def serve(startup_seconds: float = 240) -> Iterator[str]:
         log.close()
 
 
+#: The operator library declared by allow_torchvision_without_kernels (kept alive: dropping a
+#: torch.library.Library removes what it declared).
+_TORCHVISION_SCHEMAS: list[Any] = []
+
+
+def allow_torchvision_without_kernels() -> str | None:
+    """Let ``import torchvision`` succeed when its C kernels do not load; the reason, or None.
+
+    The only torchvision 0.28 wheel on PyPI is built against torch's CUDA build, so with the
+    CPU build its ``_C`` library (the kernels of ``nms``, ``roi_align``, ...) does not load, and
+    its import then fails on the two fake registrations it makes without checking for them
+    ("operator torchvision::nms does not exist"). The model suite only builds torchvision's
+    classification models, which call none of those kernels: declaring the two operators'
+    schemas (as torchvision's C++ does) is all the import needs. Nothing is done when
+    torchvision is not installed or its kernels load.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    import torch
+
+    libraries = sorted(Path(next(iter(spec.submodule_search_locations))).glob("_C*.so"))
+    try:
+        if not libraries:
+            raise OSError("torchvision has no _C library")
+        torch.ops.load_library(str(libraries[0]))
+        return None
+    except OSError as e:
+        reason = str(e)
+    library = torch.library.Library("torchvision", "DEF")
+    for name in ("nms", "qnms"):
+        library.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_SCHEMAS.append(library)
+    return reason
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", nargs="*", default=list(HOSTED_FLOWS), choices=HOSTED_FLOWS)
@@ -561,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     from executorch.backends.test import suite
 
     root = Path(suite.__file__).parent
+    if "models" in args.suite and (reason := allow_torchvision_without_kernels()):
+        print(f"conformance: torchvision's kernels do not load ({reason}); its models do not "
+              "need them", flush=True)
     pytest_args = [str(root / s) for s in args.suite]
     pytest_args += ["-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(root),
                     "-q", "-rf", "-W", "ignore", "--tb=line",
@@ -581,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.server:
         return run(args.server)
+    # `kill` (SIGTERM) ends a long run as Ctrl-C does: pytest stops, the log keeps what was
+    # measured (an interrupted test is not complete, so --resume runs it again), and the
+    # server started below is stopped rather than left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with serve() as target:
         print(f"conformance: server at {target}", flush=True)
         return run(target)
