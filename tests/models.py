@@ -1,4 +1,4 @@
-"""Small eager models the load and fault tests lower many times (tests/ is on sys.path)."""
+"""Small eager models the tests lower (tests/ is on sys.path)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,46 @@ def small_models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]
         "conv": (_Conv(), (torch.randn(1, 3, 8, 8),)),
         "add-mul": (_AddMul(), (torch.randn(2, 5), torch.randn(2, 5))),
     }
+
+
+class Mlp16(torch.nn.Module):
+    """16 features in, 32 hidden, 8 out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Cond(torch.nn.Module):
+    """A ``torch.cond`` on the input's sum between two branches reading a buffer, then a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("offset", torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def true_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+            return torch.sin(x) * 2 + offset
+
+        def false_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+            return torch.cos(x) - offset
+
+        return self.fc(torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.offset)))
+
+
+class Tied(torch.nn.Module):
+    """An embedding and an output head sharing one weight (64 tokens, 16 features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(tokens)))

@@ -17,6 +17,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner
 from executorch.exir.program._fake_program import get_fake_program
+from models import Cond, Mlp16, Tied
 from torch.export import Dim, ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
@@ -134,16 +135,6 @@ def test_pt2e_quantized_model(xnnpack: RemotePartitioner) -> None:
     assert_same_lowering(ep, XnnpackPartitioner(), xnnpack, {"forward": inputs})
 
 
-class _Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(16, 32)
-        self.fc2 = torch.nn.Linear(32, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 class _Scale(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -157,7 +148,7 @@ class _Scale(torch.nn.Module):
 def test_multi_method_dynamic_shapes(xnnpack: RemotePartitioner) -> None:
     batch = Dim("batch", min=1, max=32)
     torch.manual_seed(0)
-    mlp, scale = _Mlp().eval(), _Scale().eval()
+    mlp, scale = Mlp16().eval(), _Scale().eval()
     x, y = torch.randn(4, 16), torch.randn(4, 16)
     programs = {
         "forward": export(mlp, (x,), dynamic_shapes=({0: batch},), strict=True),
@@ -170,26 +161,10 @@ def test_multi_method_dynamic_shapes(xnnpack: RemotePartitioner) -> None:
     )
 
 
-class _Cond(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 4)
-        self.register_buffer("offset", torch.tensor([1.0, 2.0, 3.0, 4.0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        def true_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            return torch.sin(x) * 2 + offset
-
-        def false_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            return torch.cos(x) - offset
-
-        return self.fc(torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.offset)))
-
-
 @slow
 def test_control_flow_cond(xnnpack: RemotePartitioner) -> None:
     torch.manual_seed(0)
-    model = _Cond().eval()
+    model = Cond().eval()
     x = torch.randn(2, 4)
     ep = export(model, (x,), strict=True)
     assert any(n.target is torch.ops.higher_order.cond for n in ep.graph.nodes)
@@ -200,29 +175,18 @@ def test_control_flow_cond(xnnpack: RemotePartitioner) -> None:
         torch.testing.assert_close(got, model(sample), rtol=1e-5, atol=1e-5)
 
 
-class _Tied(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(64, 16)
-        self.head = torch.nn.Linear(16, 64, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.embed(tokens)))
-
-
 @pytest.mark.slow
 def test_tied_weights(xnnpack: RemotePartitioner) -> None:
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 5))
-    ep = export(_Tied().eval(), (tokens,), strict=True)
+    ep = export(Tied().eval(), (tokens,), strict=True)
     assert_same_lowering(ep, XnnpackPartitioner(), xnnpack, {"forward": (tokens,)})
 
 
 def test_tied_weights_share_storage_after_codec() -> None:
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 5))
-    ep = to_edge(export(_Tied().eval(), (tokens,), strict=True)).exported_program()
+    ep = to_edge(export(Tied().eval(), (tokens,), strict=True)).exported_program()
     # Make two state_dict entries that share one storage, as tied weights are when both names
     # survive, and check that the codec sends the storage once and rebuilds one storage.
     (name, weight), = list(ep.state_dict.items())[:1]

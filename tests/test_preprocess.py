@@ -26,6 +26,8 @@ from remote_partitioner.client import RemotePartitioner, to_backend_remotely
 from remote_partitioner.client.errors import RemotePartitionerError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from models import Cond, Mlp16, Tied
+
 from conformance import normalize_coreml
 
 slow = pytest.mark.slow
@@ -120,16 +122,6 @@ def _lower_blocked(
 # ------------------------------------------------------------------ models
 
 
-class _Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(16, 32)
-        self.fc2 = torch.nn.Linear(32, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 class _Conv(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -137,33 +129,6 @@ class _Conv(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.conv(x)) * 2.0
-
-
-class _Cond(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 4)
-        self.register_buffer("offset", torch.tensor([1.0, 2.0, 3.0, 4.0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        def true_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            return torch.sin(x) * 2 + offset
-
-        def false_fn(x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            return torch.cos(x) - offset
-
-        return self.fc(torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.offset)))
-
-
-class _Tied(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(64, 16)
-        self.head = torch.nn.Linear(16, 64, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.embed(tokens)))
 
 
 class _Head(torch.nn.Module):
@@ -180,7 +145,7 @@ class _Head(torch.nn.Module):
 
 def fp32() -> dict[str, ExportedProgram]:
     torch.manual_seed(0)
-    return {"forward": export(_Mlp().eval(), (torch.randn(3, 16),), strict=True)}
+    return {"forward": export(Mlp16().eval(), (torch.randn(3, 16),), strict=True)}
 
 
 def conv() -> dict[str, ExportedProgram]:
@@ -192,7 +157,7 @@ def dynamic() -> dict[str, ExportedProgram]:
     torch.manual_seed(0)
     batch = Dim("batch", min=1, max=32)
     return {"forward": export(
-        _Mlp().eval(), (torch.randn(4, 16),), dynamic_shapes=({0: batch},), strict=True
+        Mlp16().eval(), (torch.randn(4, 16),), dynamic_shapes=({0: batch},), strict=True
     )}
 
 
@@ -208,12 +173,12 @@ def multi_method() -> dict[str, ExportedProgram]:
 
 def cond() -> dict[str, ExportedProgram]:
     torch.manual_seed(0)
-    return {"forward": export(_Cond().eval(), (torch.randn(2, 4),), strict=True)}
+    return {"forward": export(Cond().eval(), (torch.randn(2, 4),), strict=True)}
 
 
 def tied() -> dict[str, ExportedProgram]:
     torch.manual_seed(0)
-    return {"forward": export(_Tied().eval(), (torch.randint(0, 64, (2, 5)),), strict=True)}
+    return {"forward": export(Tied().eval(), (torch.randint(0, 64, (2, 5)),), strict=True)}
 
 
 def quantized() -> dict[str, ExportedProgram]:
