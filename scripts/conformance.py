@@ -10,7 +10,8 @@ this script starts (or ``--server``). Both runs are seeded identically (the suit
 test's name, with ``--seed`` as the run seed). A test is *identical* when both runs have the same
 outcome, the same ``.pte`` bytes (Core ML normalized for what two local Core ML lowerings differ
 in: fresh UUIDs and the order of the mlpackage manifest's entries) and leave the same random
-generator state after lowering.
+generator state after lowering. Each Core ML lowering starts from coremltools' fresh conversion
+state (its name counters survive a conversion that raised).
 
 Usage::
 
@@ -56,11 +57,20 @@ _UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 _MANIFEST = re.compile(rb'\{\s*"fileFormatVersion"')
 
 
-def normalize_coreml(pte: bytes) -> bytes:
+def normalize_coreml(pte: bytes, *, across_processes: bool = False) -> bytes:
     """``pte`` with what two local Core ML lowerings differ in made equal: each mlpackage
     manifest (the JSON object starting with ``{"fileFormatVersion"``) has its entries sorted
     by content and its root named by content, then every remaining UUID is zeroed. (Zeroing
-    first would merge the manifest's keys.) The result is for comparison only."""
+    first would merge the manifest's keys.) The result is for comparison only.
+
+    ``across_processes``: the two lowerings ran in different processes (the server's
+    preprocess against the client's), so the Core ML model's protobuf maps are also put in one
+    order (:func:`_sorted_entries`). Measured: two local lowerings in two processes differ in
+    the order of those maps (the model's metadata, each MIL op's inputs and attributes; the
+    protobuf runtime's map order is per process), and three local processes compare equal
+    after this. Within one process the maps keep one order, so it is off by default: the
+    conformance twins run in one process and are compared without it.
+    """
     out, pos = bytearray(), 0
     decoder = json.JSONDecoder()
     for match in _MANIFEST.finditer(pte):
@@ -84,7 +94,54 @@ def normalize_coreml(pte: bytes) -> bytes:
         out += pte[pos:match.start()] + json.dumps(canonical, sort_keys=True).encode()
         pos = match.start() + len(text[:end].encode("latin-1"))
     out += pte[pos:]
-    return _UUID.sub(b"00000000-0000-0000-0000-000000000000", bytes(out))
+    zeroed = _UUID.sub(b"00000000-0000-0000-0000-000000000000", bytes(out))
+    return _sorted_entries(zeroed) if across_processes else zeroed
+
+
+#: Length-delimited protobuf field tags whose runs of entries may be serialized in any order:
+#: fields 2 to 15, and 100 (the Core ML model's user-defined metadata).
+_ENTRY_TAGS = (b"\xa2\x06", *(bytes([(f << 3) | 2]) for f in range(2, 16)))
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
+def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
+    """``data`` with every run of two or more consecutive length-delimited entries of one tag
+    whose payload starts with field 1 (protobuf map entries, and repeated messages) sorted,
+    recursively. Lengths are kept, so offsets are too. For comparison only."""
+    out, i, n = bytearray(), 0, len(data)
+    while i < n:
+        for tag in _ENTRY_TAGS:
+            entries, k = [], i
+            while data.startswith(tag, k):
+                try:
+                    length, start = _varint(data, k + len(tag))
+                except IndexError:
+                    break
+                end = start + length
+                if end > n or length < 2 or data[start] != 0x0A:
+                    break
+                payload = data[start:end]
+                entries.append(data[k:start] + (
+                    _sorted_entries(payload, depth + 1) if depth < 8 else payload))
+                k = end
+            if len(entries) >= 2:
+                out += b"".join(sorted(entries))
+                i = k
+                break
+        else:
+            out.append(data[i])
+            i += 1
+    return bytes(out)
 
 
 # --------------------------------------------------------------------------- the pytest plugin
@@ -272,6 +329,7 @@ class ConformancePlugin:
                 differences.append(
                     f".pte: local {len(local.pte) if local.pte is not None else None} bytes, "
                     f"remote {len(remote.pte) if remote.pte is not None else None} bytes, differ"
+                    + self._keep(test_name, subtest, local.pte, remote.pte)
                 )
         if local.rng_after_lowering != remote.rng_after_lowering:
             differences.append("random generator state after lowering differs")
@@ -279,6 +337,19 @@ class ConformancePlugin:
         self.comparisons.append(comparison)
         self._log({**comparison.as_json(), "commit": self.commit})
         return comparison
+
+    def _keep(self, test: str, subtest: int, local: bytes | None, remote: bytes | None) -> str:
+        """Write the two programs of a .pte difference beside the log, for a closer look; the
+        note naming where they are (empty without a log)."""
+        if self.json_path is None:
+            return ""
+        folder = self.json_path.parent / f"{self.json_path.stem}-differing"
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test}#{subtest}")
+        for side, pte in (("local", local), ("remote", remote)):
+            if pte is not None:
+                (folder / f"{stem}.{side}.pte").write_bytes(pte)
+        return f" (both kept in {folder}/{stem}.*.pte)"
 
     def _log(self, line: dict[str, Any]) -> None:
         """One line per comparison, and one when a test is complete, as they happen: a long
@@ -336,6 +407,14 @@ class ConformancePlugin:
         testers: list[Any] = []
         rng: list[str] = []
         make_tester = flow.tester_factory
+        if flow.backend == "coreml":
+            # Each lowering converts from the state a fresh process has: coremltools keeps its
+            # name counters after a conversion that raised, so the twin run after it would be
+            # written with other names (see coremltools_fresh_state); the server does the same
+            # before each preprocess it runs.
+            from remote_partitioner.server.backend_registry import coremltools_fresh_state
+
+            coremltools_fresh_state()
 
         def factory(*args: Any, **kwargs: Any) -> Any:
             tester = make_tester(*args, **kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from remote_partitioner.server.registry import _root_logging_kept
@@ -61,10 +61,15 @@ class HostedBackend:
     Attributes:
         backend_cls: The ``BackendDetails`` subclass; its ``__name__`` is the backend id.
         description: One line for humans.
+        fresh_state: Called before every preprocess (under the server's turn): puts back the
+            process-wide state the backend's library keeps between calls as a fresh process
+            has it, so that what one call leaves behind (a conversion that raised) does not
+            change the bytes of the next, which may be another client's. None: nothing to do.
     """
 
     backend_cls: type
     description: str = ""
+    fresh_state: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         from executorch.exir.backend.backend_details import BackendDetails
@@ -140,6 +145,26 @@ def _hosted(obj: object) -> list[HostedBackend]:
     raise TypeError(f"expected a BackendDetails subclass, got {type(obj).__name__}")
 
 
+def coremltools_fresh_state() -> None:
+    """coremltools' conversion state as a fresh process has it.
+
+    coremltools names the MIL operations it builds from process-wide counters
+    (``Builder.name_count``: ``const_0``, ``const_1``, ...) and resets them after a conversion
+    that succeeds, not after one that raises. Measured (ExecuTorch's suite,
+    ``test_avgpool3d_combinations``): after a conversion that raised ("pool3D with ceil
+    mode=True and include_pad=True not supported"), the next program is written with its
+    constants named from ``const_8`` instead of ``const_0``, so its ``.pte`` differs from the
+    one a fresh process writes. This is coremltools' own reset, run before the conversion.
+    """
+    from coremltools.converters.mil import converter
+
+    converter._reset_conversion_state()
+
+
+#: Per built-in backend: what puts its library's state back before each preprocess.
+_BUILTIN_FRESH_STATE: dict[str, Callable[[], None]] = {"CoreMLBackend": coremltools_fresh_state}
+
+
 def builtin_backends() -> list[HostedBackend]:
     """The built-in backends whose module imports here (one that does not is logged as a
     warning and left out; never raises)."""
@@ -148,7 +173,9 @@ def builtin_backends() -> list[HostedBackend]:
         try:
             with _root_logging_kept():
                 cls = getattr(importlib.import_module(module), name)
-            hosted.append(HostedBackend(cls, f"ExecuTorch's {name} ({module})"))
+            hosted.append(HostedBackend(
+                cls, f"ExecuTorch's {name} ({module})", _BUILTIN_FRESH_STATE.get(name)
+            ))
         except Exception as e:
             logger.warning("backend %r not available: %s: %s", name, type(e).__name__, e)
     return hosted
@@ -188,5 +215,6 @@ __all__ = [
     "BackendRegistry",
     "HostedBackend",
     "UnknownBackendError",
+    "coremltools_fresh_state",
     "default_backend_registry",
 ]

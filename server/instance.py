@@ -527,7 +527,9 @@ class PartitionerInstance:
                 inputs.append((m.name, items))
             _deadline_passed(time_remaining)
             try:
-                results = preprocess_runner.run(hosted.backend_cls, inputs, request.multimethod)
+                results = preprocess_runner.run(
+                    hosted.backend_cls, inputs, request.multimethod, hosted.fresh_state
+                )
             except hooks.PartitionerRaised as e:
                 raise partitioner_raised(
                     e.remote, f"the preprocess of backend {request.backend_id!r}"

@@ -9,7 +9,7 @@ answer. Plain Python: no grpc.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -22,17 +22,21 @@ MethodPrograms = tuple[str, Sequence[tuple[ExportedProgram, list[CompileSpec]]]]
 
 
 def run(
-    backend_cls: Any, methods: Sequence[MethodPrograms], multimethod: bool
+    backend_cls: Any, methods: Sequence[MethodPrograms], multimethod: bool,
+    fresh_state: Callable[[], None] | None = None,
 ) -> list[tuple[str, list[Any]]]:
     """The backend's ``PreprocessResult`` s, by method, one per program in order.
 
     ``multimethod`` False: ``backend_cls.preprocess(program, compile_specs)`` on the one program
     (the caller checks there is one). True: ``backend_cls.preprocess_multimethod`` on all.
+    ``fresh_state`` (the hosted backend's, see ``HostedBackend``) runs first.
 
     Raises:
         PartitionerRaised: the backend raised, or answered with the wrong number of results.
     """
     try:
+        if fresh_state is not None:
+            fresh_state()
         if not multimethod:
             ((name, [(program, specs)]),) = methods
             return [(name, [backend_cls.preprocess(program, specs)])]

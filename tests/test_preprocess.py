@@ -229,66 +229,13 @@ def test_process_without_backends_gets_the_local_pte(
     assert report["stats"]["preprocess_calls"] >= 1
 
 
-#: Length-delimited protobuf field tags whose runs of entries may be serialized in any order:
-#: fields 2 to 15, and 100 (the Core ML model's user-defined metadata).
-_ENTRY_TAGS = (b"\xa2\x06", *(bytes([(f << 3) | 2]) for f in range(2, 16)))
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-
-
-def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
-    """``data`` with every run of two or more consecutive length-delimited entries of one tag
-    whose payload starts with field 1 (protobuf map entries, and repeated messages) sorted,
-    recursively. Lengths are kept, so offsets are too. For comparison only."""
-    out, i, n = bytearray(), 0, len(data)
-    while i < n:
-        for tag in _ENTRY_TAGS:
-            entries, k = [], i
-            while data.startswith(tag, k):
-                try:
-                    length, start = _varint(data, k + len(tag))
-                except IndexError:
-                    break
-                end = start + length
-                if end > n or length < 2 or data[start] != 0x0A:
-                    break
-                payload = data[start:end]
-                entries.append(data[k:start] + (
-                    _sorted_entries(payload, depth + 1) if depth < 8 else payload))
-                k = end
-            if len(entries) >= 2:
-                out += b"".join(sorted(entries))
-                i = k
-                break
-        else:
-            out.append(data[i])
-            i += 1
-    return bytes(out)
-
-
-def coreml_canonical(pte: bytes) -> bytes:
-    """A Core ML ``.pte`` as compared here: ``normalize_coreml`` (fresh UUIDs, manifest order),
-    then the Core ML model's protobuf maps in a fixed order. Measured: two local lowerings in
-    two processes differ in the order of those maps (the model's metadata, each MIL op's
-    inputs and attributes), so the server's process, like any other, writes them in its own
-    order; three local processes compare equal after this."""
-    return _sorted_entries(normalize_coreml(pte))
-
-
 @slow
 def test_coreml_normalized(server_address: str, tmp_path: Path) -> None:
     remote, local, _ = _lower_blocked(tmp_path, server_address, "coreml", conv())
     assert len(remote) == len(local)
-    assert coreml_canonical(remote) == coreml_canonical(local)
+    assert normalize_coreml(remote, across_processes=True) == normalize_coreml(
+        local, across_processes=True
+    )
 
 
 @slow
@@ -320,6 +267,50 @@ def test_remote_preprocess_when_the_backend_is_importable(server_address: str) -
     ).to_executorch().buffer
     assert again == local
     assert remote.stats["preprocess_calls"] == 1, "a local lowering went to the server"
+
+
+class _Pool3d(torch.nn.Module):
+    """A 3-D average pooling; coremltools refuses to convert it with ``ceil_mode`` (and the
+    padding counted), and names its constants from its counter (``const_0``, ...)."""
+
+    def __init__(self, kernel_size: int, ceil_mode: bool) -> None:
+        super().__init__()
+        self.kernel_size, self.ceil_mode = kernel_size, ceil_mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.avg_pool3d(
+            x, self.kernel_size, stride=2, padding=1, ceil_mode=self.ceil_mode
+        )
+
+
+@slow  # three Core ML lowerings (> 5 s)
+def test_coreml_preprocess_after_a_failed_conversion(server_address: str) -> None:
+    """A conversion that raised on the server does not change the next program's bytes there
+    (another client's, maybe): coremltools keeps its name counters after a conversion that
+    raises, and the server starts each preprocess from a fresh conversion state. Found by the
+    conformance suite (``test_avgpool3d_combinations[coreml]``)."""
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    from remote_partitioner.server.backend_registry import coremltools_fresh_state
+
+    failing = export(_Pool3d(3, ceil_mode=True), (torch.randn(1, 4, 10, 10, 10),), strict=True)
+    first = RemotePartitioner(server_address, "coreml", remote_preprocess=True, timeout=600)
+    with pytest.raises(ValueError, match="ceil mode=True and include_pad=True not supported"):
+        to_edge_transform_and_lower(failing, partitioner=[first])
+    assert first.stats["preprocess_calls"] == 1
+    programs = {"forward": export(_Pool3d(2, ceil_mode=False), (torch.randn(1, 4, 8, 8, 8),))}
+    second = RemotePartitioner(server_address, "coreml", remote_preprocess=True, timeout=600)
+    got = to_edge_transform_and_lower(
+        copy.deepcopy(programs), partitioner=[second]
+    ).to_executorch().buffer
+    assert second.stats["preprocess_calls"] == 1
+    coremltools_fresh_state()  # this process too may hold a failed conversion's counters
+    local = to_edge_transform_and_lower(
+        copy.deepcopy(programs), partitioner=[CoreMLPartitioner()]
+    ).to_executorch().buffer
+    assert normalize_coreml(got, across_processes=True) == normalize_coreml(
+        local, across_processes=True
+    )
 
 
 @slow  # a lowering with the backend imported locally (> 5 s)
