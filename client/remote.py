@@ -580,10 +580,14 @@ class RemotePartitioner(Partitioner):
                     node_meta=node_meta,
                 )
         digests = [pb.Digest(hash=h, size_bytes=memoryview(b).nbytes) for h, b in blobs.items()]
+        # As for the hooks: the backend draws from the caller's generator state, and the
+        # state it left comes back (Vulkan's preprocess draws while it traces its patterns).
+        request.rng_state = torch.get_rng_state().numpy().tobytes()
         self.stats["preprocess_calls"] += 1
         response = self._call_with_blobs(
             self.stub.Preprocess, lambda: request, blobs, digests, graphs
         )
+        _apply_rng_state(response)
 
         def blob(d: pb.Digest) -> bytes:
             local = blobs.get(d.hash)

@@ -50,6 +50,8 @@ HOSTED_FLOWS = (
     "vulkan_static_int8_per_channel",
 )
 SUITES = ("operators", "models")
+#: Appended to a flow's name in tables and logs when the twin preprocesses on the server.
+SERVER_PREPROCESS_SUFFIX = "+server-preprocess"
 #: A test's timeout here, as a multiple of the suite's own (which is for one lowering).
 TWIN_TIMEOUT_FACTOR = 3
 
@@ -147,22 +149,26 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
-def _remote_twin(partitioner: Any, target: str, flow: Any) -> Any:
+def _remote_twin(
+    partitioner: Any, target: str, flow: Any, remote_preprocess: bool = False
+) -> Any:
     """A ``RemotePartitioner`` for the hosted partitioner and options ``partitioner`` was built
-    with, as the suite's testers build them."""
+    with, as the suite's testers build them (``remote_preprocess``: the backend's preprocess
+    runs on the server too)."""
     from remote_partitioner.client import RemotePartitioner
 
+    options = {"timeout": 1800, "remote_preprocess": remote_preprocess}
     kind = type(partitioner).__name__
     if kind == "XnnpackPartitioner":
-        return RemotePartitioner(target, "xnnpack", timeout=1800)
+        return RemotePartitioner(target, "xnnpack", **options)
     if kind == "VulkanPartitioner":
-        return RemotePartitioner(target, "vulkan", dict(partitioner.options), timeout=1800)
+        return RemotePartitioner(target, "vulkan", dict(partitioner.options), **options)
     if kind == "CoreMLPartitioner":
         keywords = getattr(flow.tester_factory, "keywords", {})
         spec = {}
         if keywords.get("minimum_deployment_target") is not None:
             spec["minimum_deployment_target"] = keywords["minimum_deployment_target"].name
-        return RemotePartitioner(target, "coreml", spec, timeout=1800)
+        return RemotePartitioner(target, "coreml", spec, **options)
     raise TypeError(f"no remote twin for a {kind}")
 
 
@@ -210,9 +216,13 @@ class ConformancePlugin:
 
     def __init__(
         self, target: str, flows: list[str], seed: int, json_path: Path | None,
-        *, resume: bool = False,
+        *, resume: bool = False, remote_preprocess: bool = False,
     ) -> None:
         self.target = target
+        #: The twins run the backends' preprocess on the server too (``--remote-preprocess``);
+        #: their results are logged and tabled under ``FLOW+server-preprocess``.
+        self.remote_preprocess = remote_preprocess
+        self.suffix = SERVER_PREPROCESS_SUFFIX if remote_preprocess else ""
         self.flows = flows
         self.seed = seed
         self.json_path = json_path
@@ -324,7 +334,9 @@ class ConformancePlugin:
         if local.pte is not None or remote.pte is not None:
             a, b = local.pte, remote.pte
             if flow.backend == "coreml" and a is not None and b is not None:
-                a, b = normalize_coreml(a), normalize_coreml(b)
+                # Preprocess on the server: the Core ML model was written by another process.
+                across = self.remote_preprocess
+                a, b = (normalize_coreml(x, across_processes=across) for x in (a, b))
             if a != b:
                 differences.append(
                     f".pte: local {len(local.pte) if local.pte is not None else None} bytes, "
@@ -333,7 +345,9 @@ class ConformancePlugin:
                 )
         if local.rng_after_lowering != remote.rng_after_lowering:
             differences.append("random generator state after lowering differs")
-        comparison = Comparison(test_name, flow.name, subtest, local, remote, differences)
+        comparison = Comparison(
+            test_name, flow.name + self.suffix, subtest, local, remote, differences
+        )
         self.comparisons.append(comparison)
         self._log({**comparison.as_json(), "commit": self.commit})
         return comparison
@@ -372,14 +386,15 @@ class ConformancePlugin:
             return
         keep, skipped = [], []
         for item in items:
-            (skipped if (_flow_of(item.name), item.name) in self.done else keep).append(item)
+            done = (_flow_of(item.name) + self.suffix, item.name) in self.done
+            (skipped if done else keep).append(item)
         items[:] = keep
         config.hook.pytest_deselected(items=skipped)
 
     def _twin_factory(self, flow: Any) -> Callable[..., Any]:
         from executorch.backends.test.harness.stages import StageType
 
-        target = self.target
+        target, remote_preprocess = self.target, self.remote_preprocess
 
         def factory(*args: Any, **kwargs: Any) -> Any:
             tester = flow.tester_factory(*args, **kwargs)
@@ -387,7 +402,9 @@ class ConformancePlugin:
 
             def make_stage(*a: Any, **k: Any) -> Any:
                 stage = make(*a, **k)
-                stage.partitioners = [_remote_twin(p, target, flow) for p in stage.partitioners]
+                stage.partitioners = [
+                    _remote_twin(p, target, flow, remote_preprocess) for p in stage.partitioners
+                ]
                 return stage
 
             tester.stage_classes = {**tester.stage_classes,
@@ -463,7 +480,7 @@ class ConformancePlugin:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and report.skipped):
-            flow = _flow_of(report.nodeid)
+            flow = _flow_of(report.nodeid) + self.suffix
             self.tests[report.nodeid] = flow
             name = report.nodeid.rsplit("::", 1)[-1]
             self._log({"test": name, "flow": flow, "complete": True,
@@ -489,7 +506,9 @@ class ConformancePlugin:
 
     def table(self) -> dict[str, dict[str, float]]:
         """This run's per-flow table (see :func:`flow_table`)."""
-        return flow_table([c.as_json() for c in self.comparisons], self.flows)
+        return flow_table(
+            [c.as_json() for c in self.comparisons], [f + self.suffix for f in self.flows]
+        )
 
 
 def flow_table(
@@ -575,12 +594,12 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
     """The per-flow summary as a fixed-width table."""
-    header = (f"{'flow':<36}{'tests':>7}{'identical':>11}{'differing':>11}"
+    header = (f"{'flow':<50}{'tests':>7}{'identical':>11}{'differing':>11}"
               f"{'failing remote only':>21}{'lowering s local/remote':>25}")
     lines = [header, "-" * len(header)]
     for flow, r in rows.items():
         times = f"{r['local_lower_seconds']:.0f}/{r['remote_lower_seconds']:.0f}"
-        lines.append(f"{flow:<36}{r['tests']:>7.0f}{r['identical']:>11.0f}"
+        lines.append(f"{flow:<50}{r['tests']:>7.0f}{r['identical']:>11.0f}"
                      f"{r['differing']:>11.0f}{r['failing_remote_only']:>21.0f}{times:>25}")
     return "\n".join(lines)
 
@@ -659,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
     parser.add_argument("-k", dest="keyword", help="pytest -k expression on test names")
     parser.add_argument("--seed", type=int, default=0, help="the run seed (default 0)")
+    parser.add_argument("--remote-preprocess", action="store_true",
+                        help="the twins run the backends' preprocess on the server too "
+                        "(RemotePartitioner(remote_preprocess=True)); tabled and logged as "
+                        f"FLOW{SERVER_PREPROCESS_SUFFIX}")
     parser.add_argument("--server", help="an existing server's target; else one is started")
     parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
     parser.add_argument("--resume", action="store_true",
@@ -693,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args += args.pytest_args
 
     def run(target: str) -> int:
-        plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume)
+        plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume,
+                                   remote_preprocess=args.remote_preprocess)
         code = pytest.main(pytest_args, plugins=[plugin])
         rows = plugin.table()
         if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):

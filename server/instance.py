@@ -499,6 +499,7 @@ class PartitionerInstance:
                 Reason.INVALID_PROGRAM, "a method is named more than once", field="methods"
             )
         self.check_count(count)
+        rng_state = _rng_state(request.rng_state)
         programs = [
             [self._program_blob(p.program_digest) for p in m.programs] for m in request.methods
         ]
@@ -527,9 +528,12 @@ class PartitionerInstance:
                 inputs.append((m.name, items))
             _deadline_passed(time_remaining)
             try:
-                results = preprocess_runner.run(
-                    hosted.backend_cls, inputs, request.multimethod, hosted.fresh_state
-                )
+                # The turn is the process's one slot: nothing else uses the generator between
+                # setting the caller's state and reading it back.
+                with _caller_rng(rng_state) as after:
+                    results = preprocess_runner.run(
+                        hosted.backend_cls, inputs, request.multimethod, hosted.fresh_state
+                    )
             except hooks.PartitionerRaised as e:
                 raise partitioner_raised(
                     e.remote, f"the preprocess of backend {request.backend_id!r}"
@@ -545,6 +549,8 @@ class PartitionerInstance:
                     for h, raw in blobs.items():
                         self.blobs.put(h, len(raw), raw, hashed=True)
                     entry.results.append(out)
+            if after:
+                response.rng_state = after[0]
         self.results.put(key, response)
         return response
 

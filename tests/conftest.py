@@ -53,16 +53,20 @@ def wait_serving(target: str, deadline: float) -> None:
 
 
 @contextlib.contextmanager
-def plugin_distribution(root: Path, module: str, source: str, entry_point: str) -> Iterator[None]:
+def plugin_distribution(
+    root: Path, module: str, source: str, entry_point: str,
+    group: str = "remote_partitioner.partitioners",
+) -> Iterator[None]:
     """Install, for this process and the servers it starts, a one-module distribution that
-    registers ``entry_point`` ("name = module:ATTR") in the partitioner plugin group: the
-    same path a third-party partitioner package takes. ``source`` is the module's code."""
+    registers ``entry_point`` ("name = module:ATTR") in the entry point ``group`` (the
+    partitioner plugins' by default, or ``remote_partitioner.backends``): the same path a
+    third-party package takes. ``source`` is the module's code."""
     (root / f"{module}.py").write_text(textwrap.dedent(source))
     dist = root / f"{module}-1.0.dist-info"
     dist.mkdir()
     name = module.replace("_", "-")
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[remote_partitioner.partitioners]\n{entry_point}\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), saved) if p)
     sys.path.insert(0, str(root))

@@ -13,26 +13,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: (flows, -k expression): a few operator tests, the bidirectional LSTM among them. (Core ML's
-#: quantized flow is left to `make conformance`: one of its tests takes almost 3 minutes.)
-SUBSET = (
-    (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic"),
-    (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic"),
-    (["coreml"], "test_add_f32_alpha"),
-    (["vulkan"], "test_add_f32_alpha"),
-    (["vulkan_static_int8_per_channel"], "test_add_f32_alpha"),
+#: (flows, -k expression, more arguments): a few operator tests, the bidirectional LSTM among
+#: them, and two with the backends' preprocess on the server too. (Core ML's quantized flow is
+#: left to `make conformance`: one of its tests takes almost 3 minutes.)
+SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
+    (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic", []),
+    (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic", []),
+    (["coreml"], "test_add_f32_alpha", []),
+    (["vulkan"], "test_add_f32_alpha", []),
+    (["vulkan_static_int8_per_channel"], "test_add_f32_alpha", []),
+    (["vulkan", "coreml"], "test_add_f32_alpha or test_avgpool3d_combinations",
+     ["--remote-preprocess"]),
 )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("flows", "keyword"), SUBSET, ids=[s[0][0] for s in SUBSET])
+@pytest.mark.parametrize(
+    ("flows", "keyword", "more"), SUBSET,
+    ids=[s[0][0] + ("-server-preprocess" if s[2] else "") for s in SUBSET],
+)
 def test_conformance_subset(
-    flows: list[str], keyword: str, server_address: str, tmp_path: Path
+    flows: list[str], keyword: str, more: list[str], server_address: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "conformance.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "conformance.py"), "--server", server_address,
-         "--suite", "operators", "--flows", *flows, "-k", keyword, "--json", str(out)],
+         "--suite", "operators", "--flows", *flows, "-k", keyword, "--json", str(out), *more],
         capture_output=True, text=True, timeout=1500, check=False,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]

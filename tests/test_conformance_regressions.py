@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import _serve, plugin_distribution  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge_transform_and_lower
+from executorch.exir import to_edge, to_edge_transform_and_lower
 from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
@@ -188,6 +188,58 @@ def test_server_refuses_a_malformed_generator_state(drawing_server: tuple[str, t
             )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "rng_state" in (info.value.details() or "")
+
+
+_DRAWING_BACKEND = '''
+"""A hosted backend whose preprocess draws from torch's global generator on every call."""
+import torch
+from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+from executorch.exir.backend.backend_details import BackendDetails
+
+
+class DrawingBackend(BackendDetails):
+    @staticmethod
+    def preprocess(edge_program, compile_specs):
+        torch.randn(7)
+        return XnnpackBackend.preprocess(edge_program, compile_specs)
+'''
+
+
+def test_remote_preprocess_leaves_the_generator_as_local_one(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Seed, preprocess on the server, draw: the numbers a local preprocess leaves. (Vulkan's
+    preprocess draws, once per process, while it traces its fusion patterns: the conformance
+    suite run with --remote-preprocess found the generator differing after it.)"""
+    from executorch.exir.backend.backend_api import to_backend
+
+    from remote_partitioner.client import to_backend_remotely
+
+    root = tmp_path_factory.mktemp("rng_backend")
+    entry_point = "drawing = rp_rng_backend:DrawingBackend"
+    with plugin_distribution(root, "rp_rng_backend", _DRAWING_BACKEND, entry_point,
+                             group="remote_partitioner.backends"):
+        import rp_rng_backend  # type: ignore[import-not-found]  # noqa: F401 (the local class)
+
+        with _serve(tmp_path_factory) as (_, target):
+            ep = to_edge(_linear()).exported_program()
+            client = RemotePartitioner(target, "", timeout=600)
+            # Once each, so that what the first preprocess in a process draws (XNNPACK's lazily
+            # built patterns) is behind both measured ones, here and on the server.
+            to_backend("DrawingBackend", copy.deepcopy(ep), [])
+            to_backend_remotely(client, "DrawingBackend", copy.deepcopy(ep), [])
+            torch.manual_seed(99)
+            local = to_backend("DrawingBackend", copy.deepcopy(ep), [])
+            local_next = torch.randn(4)
+            torch.manual_seed(99)
+            undrawn_next = torch.randn(4)
+            assert not torch.equal(local_next, undrawn_next), "the backend draws nothing"
+            torch.manual_seed(99)
+            remote = to_backend_remotely(client, "DrawingBackend", ep, [])
+            remote_next = torch.randn(4)
+    assert client.stats["preprocess_calls"] == 2
+    assert remote.processed_bytes == local.processed_bytes
+    assert torch.equal(remote_next, local_next)
 
 
 # --------------------------------------------------------------------------------------------

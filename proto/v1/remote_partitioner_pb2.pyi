@@ -634,14 +634,16 @@ class BackendInfo(_message.Message):
     def __init__(self, backend_id: _Optional[str] = ..., description: _Optional[str] = ..., module: _Optional[str] = ...) -> None: ...
 
 class PreprocessRequest(_message.Message):
-    __slots__ = ("backend_id", "multimethod", "methods")
+    __slots__ = ("backend_id", "multimethod", "methods", "rng_state")
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     MULTIMETHOD_FIELD_NUMBER: _ClassVar[int]
     METHODS_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     backend_id: str
     multimethod: bool
     methods: _containers.RepeatedCompositeFieldContainer[PreprocessMethod]
-    def __init__(self, backend_id: _Optional[str] = ..., multimethod: _Optional[bool] = ..., methods: _Optional[_Iterable[_Union[PreprocessMethod, _Mapping]]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, backend_id: _Optional[str] = ..., multimethod: _Optional[bool] = ..., methods: _Optional[_Iterable[_Union[PreprocessMethod, _Mapping]]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class PreprocessMethod(_message.Message):
     __slots__ = ("name", "programs")
@@ -662,10 +664,12 @@ class PreprocessInput(_message.Message):
     def __init__(self, program_digest: _Optional[_Union[Digest, _Mapping]] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., node_meta: _Optional[_Iterable[_Union[MetaUpdate, _Mapping]]] = ...) -> None: ...
 
 class PreprocessResponse(_message.Message):
-    __slots__ = ("methods",)
+    __slots__ = ("methods", "rng_state")
     METHODS_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     methods: _containers.RepeatedCompositeFieldContainer[PreprocessMethodResult]
-    def __init__(self, methods: _Optional[_Iterable[_Union[PreprocessMethodResult, _Mapping]]] = ...) -> None: ...
+    rng_state: bytes
+    def __init__(self, methods: _Optional[_Iterable[_Union[PreprocessMethodResult, _Mapping]]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class PreprocessMethodResult(_message.Message):
     __slots__ = ("name", "results")

@@ -240,8 +240,8 @@ class RemotePartitionerServicer:
         * NOT_FOUND: the server hosts no backend with that id; the message lists the hosted ids
         (reason `UNKNOWN_BACKEND`).
         * INVALID_ARGUMENT: no program, `preprocess` with more than one, a program that cannot be
-        decoded or whose graph names a target outside the allow-list (reason
-        `INVALID_PROGRAM`), a malformed digest (reason `INVALID_DIGEST`), or the backend's
+        decoded or whose graph names a target outside the allow-list, a malformed `rng_state`
+        (reason `INVALID_PROGRAM`), a malformed digest (reason `INVALID_DIGEST`), or the backend's
         preprocess raised (reason `PARTITIONER_RAISED`, with the exception's class, message and
         traceback in the ErrorInfo metadata).
         * FAILED_PRECONDITION: a blob a program refers to is missing (reason `BLOB_MISSING`; the
