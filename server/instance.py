@@ -576,6 +576,11 @@ class PartitionerInstance:
                     Reason.INVALID_PROGRAM, f"the archive cannot be read: {e}"
                 ) from e
             _deadline_passed(time_remaining)
+            # The backends' preprocess runs inside the lowering: it starts from the state a
+            # fresh process has, as Preprocess does (HostedBackend.fresh_state).
+            for backend in self.backends:
+                if backend.fresh_state is not None:
+                    backend.fresh_state()
             try:
                 methods, pte = lowering.lower(
                     programs, partitioners,

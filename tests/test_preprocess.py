@@ -313,6 +313,37 @@ def test_coreml_preprocess_after_a_failed_conversion(server_address: str) -> Non
     )
 
 
+@slow  # three Core ML lowerings (> 5 s)
+def test_coreml_lower_after_a_failed_conversion(server_address: str) -> None:
+    """The same for the Lower RPC, whose lowering on the server runs Core ML's preprocess."""
+    import io
+
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    from remote_partitioner.client.lower import LowerClient, partitioner_ref
+    from remote_partitioner.server.backend_registry import coremltools_fresh_state
+
+    def archive(ep: ExportedProgram) -> bytes:
+        buffer = io.BytesIO()
+        torch.export.save(ep, buffer)
+        return buffer.getvalue()
+
+    failing = export(_Pool3d(3, ceil_mode=True), (torch.randn(1, 4, 10, 10, 10),), strict=True)
+    good = export(_Pool3d(2, ceil_mode=False), (torch.randn(1, 4, 8, 8, 8),), strict=True)
+    with LowerClient(server_address, timeout=600) as client:
+        with pytest.raises(ValueError, match="ceil mode=True and include_pad=True"):
+            client.lower(archive(failing), [partitioner_ref("coreml")])
+        got = client.lower(archive(good), [partitioner_ref("coreml")]).pte
+    assert got is not None
+    coremltools_fresh_state()
+    local = to_edge_transform_and_lower(
+        good, partitioner=[CoreMLPartitioner()]
+    ).to_executorch().buffer
+    assert normalize_coreml(got, across_processes=True) == normalize_coreml(
+        local, across_processes=True
+    )
+
+
 @slow  # a lowering with the backend imported locally (> 5 s)
 def test_whole_program_helper(server_address: str) -> None:
     """``to_backend_remotely`` gives what ``to_backend(backend_id, program, specs)`` gives."""
