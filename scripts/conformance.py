@@ -18,6 +18,7 @@ Usage::
     python scripts/conformance.py                        # every hosted flow, operators + models
     python scripts/conformance.py --flows xnnpack coreml -k "test_add or test_lstm"
     python scripts/conformance.py --suite operators --json build/conformance.json
+    python scripts/conformance.py --remote-preprocess --flows vulkan   # preprocess on the server
 
 It prints pytest's progress, then a table per flow (tests, identical, differing, failing remote
 only) and writes every comparison to the JSON file. Exit status 0 when every test is identical.
