@@ -209,7 +209,7 @@ def test_remote_preprocess_leaves_the_generator_as_local_one(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """Seed, preprocess on the server, draw: the numbers a local preprocess leaves. (Vulkan's
-    preprocess draws, once per process, while it traces its fusion patterns: the conformance
+    preprocess draws on every call, while it traces its fusion patterns: the conformance
     suite run with --remote-preprocess found the generator differing after it.)"""
     from executorch.exir.backend.backend_api import to_backend
 
