@@ -100,10 +100,13 @@ distclean: clean
 	rm -rf $(VENV) $(NODE_CLIENT)/node_modules
 
 # ExecuTorch's backend conformance suite, every hosted flow and its remote twin (long on 2 cores;
-# CONFORMANCE_ARGS=... passes on, e.g. --flows xnnpack --suite operators -k test_add).
+# CONFORMANCE_ARGS=... passes on, e.g. --flows xnnpack --suite operators -k test_add), in one
+# process per core (CONFORMANCE_JOBS) sharing one server.
 CONFORMANCE_ARGS ?=
+CONFORMANCE_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 conformance: $(VENV)/.conformance-stamp
-	$(BIN)/python scripts/conformance.py --json build/conformance.json $(CONFORMANCE_ARGS)
+	$(BIN)/python scripts/conformance.py --json build/conformance.json \
+		--jobs $(CONFORMANCE_JOBS) $(CONFORMANCE_ARGS)
 
 $(VENV)/.conformance-stamp: $(STAMP)
 	$(BIN)/python -m pip install -e '.[dev,conformance]'

@@ -19,6 +19,7 @@ Usage::
     python scripts/conformance.py --flows xnnpack coreml -k "test_add or test_lstm"
     python scripts/conformance.py --suite operators --json build/conformance.json
     python scripts/conformance.py --remote-preprocess --flows vulkan   # preprocess on the server
+    python scripts/conformance.py --jobs 2 --resume      # two processes, one server, one log
 
 It prints pytest's progress, then a table per flow (tests, identical, differing, failing remote
 only) and writes every comparison to the JSON file. Exit status 0 when every test is identical.
@@ -150,6 +151,69 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
+def memoize_coreml_pattern_graphs() -> bool:
+    """Export each of the Core ML quantizer's pattern graphs once per process; False when
+    the quantizer does not import.
+
+    ``CoreMLQuantizer.annotate`` exports about 250 small pattern modules with
+    ``torch.export`` on every ``prepare_pt2e`` (``_coreml_quantizer_utils._get_aten_graph_module``):
+    measured, 97 % of a ``coreml_static_int8`` test (about 60 s a lowering on 2 cores, twice
+    per test). A pattern's graph depends only on its module's code, the values its ``forward``
+    closes over (the operator and activation functions, flags) and the shapes and dtypes of
+    its example inputs, which is the key here. The first use of a key gets the graph its
+    export made, as without the memo; each later one a deep copy of it, taken at export.
+    The example inputs are still drawn by the quantizer (``torch.randn``), so the random
+    generator moves as without the memo. It changes only the quantize stage, which runs before
+    any partitioner and is the same code for both runs of a test; the lowerings compared are
+    untouched. ``tests/test_conformance.py`` checks that a quantized program is the same with
+    and without it.
+    """
+    try:
+        from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
+    except ImportError:
+        return False
+    import torch
+
+    export = utils._get_aten_graph_module
+    if getattr(export, "memoized", False):
+        return True
+    graphs: dict[tuple[Any, ...], Any] = {}
+    module_fields = torch.nn.Module().__dict__.keys()
+    class_fields = {"__module__", "__qualname__", "__doc__", "forward"}
+
+    def key_of(pattern: Any, example_inputs: Any, is_cuda: bool) -> tuple[Any, ...] | None:
+        """The pattern's key, or None when it holds state beyond ``forward``'s code and
+        closure (then it is exported every time)."""
+        if (vars(type(pattern)).keys() - class_fields or pattern.__dict__.keys() - module_fields
+                or pattern._parameters or pattern._buffers or pattern._modules
+                or not all(isinstance(x, torch.Tensor) for x in example_inputs)):
+            return None
+        forward = type(pattern).forward
+        key = (forward.__code__, tuple(c.cell_contents for c in forward.__closure__ or ()),
+               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
+               is_cuda)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False) -> Any:
+        key = key_of(pattern, example_inputs, is_cuda)
+        if key is None:
+            return export(pattern, example_inputs, is_cuda)
+        if key in graphs:
+            return copy.deepcopy(graphs[key])
+        # A miss is the quantizer's own call, exactly: it gets the graph export made.
+        graph = export(pattern, example_inputs, is_cuda)
+        graphs[key] = copy.deepcopy(graph)
+        return graph
+
+    memoized.memoized = True  # type: ignore[attr-defined]
+    utils._get_aten_graph_module = memoized
+    return True
+
+
 def _remote_twin(
     partitioner: Any, target: str, flow: Any, remote_preprocess: bool = False
 ) -> Any:
@@ -218,8 +282,12 @@ class ConformancePlugin:
     def __init__(
         self, target: str, flows: list[str], seed: int, json_path: Path | None,
         *, resume: bool = False, remote_preprocess: bool = False,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self.target = target
+        #: (i, n): run only every n-th collected test from the i-th (``--jobs``); the report
+        #: goes to :func:`shard_report` of ``json_path``, the log is the one all shards share.
+        self.shard = shard
         #: The twins run the backends' preprocess on the server too (``--remote-preprocess``);
         #: their results are logged and tabled under ``FLOW+server-preprocess``.
         self.remote_preprocess = remote_preprocess
@@ -272,6 +340,8 @@ class ConformancePlugin:
             sdpa.get_graphs()
         except ImportError:
             pass
+        if any(every[name].backend == "coreml" and every[name].quantize for name in chosen):
+            memoize_coreml_pattern_graphs()
 
     def pytest_collection_finish(self, session: Any) -> None:
         """Replace the suite conftest's ``TestRunner`` (its ``test_runner`` fixture builds one
@@ -383,12 +453,15 @@ class ConformancePlugin:
             if marker is not None and marker.args and isinstance(marker.args[0], (int, float)):
                 item.add_marker(pytest.mark.timeout(TWIN_TIMEOUT_FACTOR * marker.args[0]),
                                 append=False)
-        if not self.done:
-            return
         keep, skipped = [], []
-        for item in items:
+        for index, item in enumerate(items):
+            # Shards are dealt from the whole collection, before the log is consulted: the
+            # shards of one run read the log at different moments.
+            other_shard = self.shard is not None and index % self.shard[1] != self.shard[0]
             done = (_flow_of(item.name) + self.suffix, item.name) in self.done
-            (skipped if done else keep).append(item)
+            (skipped if done or other_shard else keep).append(item)
+        if not skipped:
+            return
         items[:] = keep
         config.hook.pytest_deselected(items=skipped)
 
@@ -499,17 +572,34 @@ class ConformancePlugin:
         for module, error in sorted(self.not_collected.items()):
             write(f"not run: {module}: {error}")
         if self.json_path is not None:
-            self.json_path.parent.mkdir(parents=True, exist_ok=True)
-            self.json_path.write_text(json.dumps(
-                {"seed": self.seed, "flows": self.table(), "not_collected": self.not_collected,
-                 "comparisons": [c.as_json() for c in self.comparisons]}, indent=1))
-            write(f"wrote {self.json_path}")
+            path = (self.json_path if self.shard is None
+                    else shard_report(self.json_path, self.shard[0]))
+            write_report(path, self.seed, [f + self.suffix for f in self.flows],
+                         [c.as_json() for c in self.comparisons], self.not_collected)
+            write(f"wrote {path}")
 
     def table(self) -> dict[str, dict[str, float]]:
         """This run's per-flow table (see :func:`flow_table`)."""
         return flow_table(
             [c.as_json() for c in self.comparisons], [f + self.suffix for f in self.flows]
         )
+
+
+def write_report(
+    path: Path, seed: int, flows: list[str], comparisons: list[dict[str, Any]],
+    not_collected: dict[str, str],
+) -> None:
+    """The run's JSON report: its seed, per-flow table, modules not collected, comparisons."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(
+        {"seed": seed, "flows": flow_table(comparisons, flows), "not_collected": not_collected,
+         "comparisons": comparisons}, indent=1))
+
+
+def shard_report(json_path: Path, index: int) -> Path:
+    """Where shard ``index`` of a ``--jobs`` run writes its report (``json_path``'s is the
+    merged one)."""
+    return json_path.with_name(f"{json_path.stem}.shard{index}.json")
 
 
 def flow_table(
@@ -673,6 +763,74 @@ def allow_torchvision_without_kernels() -> str | None:
     return reason
 
 
+def run_jobs(args: argparse.Namespace, target: str) -> int:
+    """Run ``args`` in ``args.jobs`` processes of this script, shard ``i`` taking every
+    ``jobs``-th collected test from the ``i``-th, all against ``target`` and appending to one log;
+    forward their output line by line (prefixed ``[i/N]``), then write and print the merged
+    report. The exit status is as for one process: 1 if anything differs, 5 if nothing ran, a
+    shard's own failure otherwise."""
+    import threading
+
+    n = args.jobs
+    common = [sys.executable, str(Path(__file__).resolve()), "--server", target,
+              "--flows", *args.flows, "--suite", *args.suite, "--seed", str(args.seed),
+              "--json", str(args.json)]
+    common += ["-k", args.keyword] if args.keyword else []
+    common += ["--remote-preprocess"] if args.remote_preprocess else []
+    common += ["--resume"] if args.resume else []
+    extra = ["--", *args.pytest_args] if args.pytest_args else []
+    for i in range(n):
+        shard_report(args.json, i).unlink(missing_ok=True)
+    children = [subprocess.Popen([*common, "--shard", f"{i}/{n}", *extra],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for i in range(n)]
+
+    def forward(i: int, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            print(f"[{i + 1}/{n}] {line}", end="", flush=True)
+
+    threads = [threading.Thread(target=forward, args=(i, c), daemon=True)
+               for i, c in enumerate(children)]
+    for t in threads:
+        t.start()
+    try:
+        codes = [c.wait() for c in children]
+    finally:  # interrupted: the shards stop as on Ctrl-C (their logs keep what they measured)
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signal.SIGINT)
+        for c in children:
+            try:
+                c.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                c.kill()
+        for t in threads:
+            t.join(timeout=10)
+    comparisons: list[dict[str, Any]] = []
+    not_collected: dict[str, str] = {}
+    for i in range(n):
+        path = shard_report(args.json, i)
+        if path.exists():
+            report = json.loads(path.read_text())
+            comparisons += report["comparisons"]
+            not_collected.update(report["not_collected"])
+            path.unlink()
+    suffix = SERVER_PREPROCESS_SUFFIX if args.remote_preprocess else ""
+    flows = [f + suffix for f in args.flows]
+    write_report(args.json, args.seed, flows, comparisons, not_collected)
+    print(f"\nall {n} processes:\n" + format_table(flow_table(comparisons, flows)))
+    for module, error in sorted(not_collected.items()):
+        print(f"not run: {module}: {error}")
+    print(f"wrote {args.json}", flush=True)
+    failed = [code for code in codes if code not in (0, 1, 5)]
+    if failed:
+        return failed[0]
+    if not comparisons:
+        return 5
+    return 1 if any(not c["identical"] for c in comparisons) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", nargs="*", default=list(HOSTED_FLOWS), choices=HOSTED_FLOWS)
@@ -688,6 +846,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="run only the tests the JSON's .jsonl log does not hold complete (a "
                         "long run over several sittings); the log is appended to either way")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run the tests in N processes sharing one server, each taking "
+                        "every N-th test (their progress lines prefixed [i/N]); one report and "
+                        "one log as with 1")
+    parser.add_argument("--shard", help=argparse.SUPPRESS)  # "i/N": one of --jobs' processes
     parser.add_argument("--summary", nargs="+", type=Path, metavar="LOG",
                         help="print the table of these .jsonl logs and exit (1 if any differs)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
@@ -716,9 +879,16 @@ def main(argv: list[str] | None = None) -> int:
         pytest_args += ["-k", args.keyword]
     pytest_args += args.pytest_args
 
+    shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+
     def run(target: str) -> int:
+        if args.jobs > 1 and shard is None:
+            return run_jobs(args, target)
         plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume,
-                                   remote_preprocess=args.remote_preprocess)
+                                   remote_preprocess=args.remote_preprocess,
+                                   shard=shard)  # type: ignore[arg-type]
         code = pytest.main(pytest_args, plugins=[plugin])
         rows = plugin.table()
         if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):

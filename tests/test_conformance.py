@@ -14,11 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: (flows, -k expression, more arguments): a few operator tests, the bidirectional LSTM among
-#: them, and one with the backend's preprocess on the server too (Vulkan's draws from the
-#: random generator). Core ML's quantized flow is left to `make conformance`: one of its
-#: tests takes almost 3 minutes.
+#: them (in two processes sharing the server, as `make conformance` runs), and one with the
+#: backend's preprocess on the server too (Vulkan's draws from the random generator). Core
+#: ML's quantized flow is left to `make conformance`: one of its tests takes almost 3 minutes.
 SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
-    (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic", []),
+    (["xnnpack"], "test_add_f32_alpha or test_lstm_bidirectional or test_conv2d_basic",
+     ["--jobs", "2"]),
     (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic", []),
     (["coreml"], "test_add_f32_alpha", []),
     (["vulkan"], "test_add_f32_alpha", []),
@@ -30,7 +31,8 @@ SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("flows", "keyword", "more"), SUBSET,
-    ids=[s[0][0] + ("-server-preprocess" if s[2] else "") for s in SUBSET],
+    ids=[s[0][0] + "".join(s[2]).replace("--remote-preprocess", "-server-preprocess")
+         .replace("--jobs", "-jobs") for s in SUBSET],
 )
 def test_conformance_subset(
     flows: list[str], keyword: str, more: list[str], server_address: str, tmp_path: Path
@@ -48,6 +50,15 @@ def test_conformance_subset(
     differing = [c for c in compared if not c["identical"]]
     assert not differing, json.dumps(differing, indent=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    if "--jobs" in more:
+        # Each test ran in exactly one of the processes, and the merged report holds them all.
+        jobs = int(more[more.index("--jobs") + 1])
+        complete = [json.loads(line)["test"] for line in out.with_suffix(".jsonl")
+                    .read_text().splitlines() if '"complete"' in line]
+        assert len(complete) == len(set(complete)) == 3, complete
+        assert {c["test"] for c in compared} == set(complete)
+        assert all(f"[{i}/{jobs}] " in proc.stdout for i in range(1, jobs + 1)), proc.stdout
+        assert not list(tmp_path.glob("*.shard*.json"))  # merged, then removed
 
 
 def _conformance_module() -> object:
@@ -96,3 +107,62 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     assert "complete tests per flow: xnnpack 2" in text
     _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
     assert differing == 1
+
+
+@pytest.mark.slow
+def test_memoized_coreml_pattern_graphs_quantize_the_same() -> None:
+    """The runner exports each of the Core ML quantizer's pattern graphs once per process
+    (``memoize_coreml_pattern_graphs``: without it a ``coreml_static_int8`` test spends a
+    minute per lowering exporting them again). The quantized program, and the random
+    generator after quantizing, are the same as without the memo, on a model whose patterns
+    cover the weighted modules (conv, batch norm, linear), activations and binary ops."""
+    pytest.importorskip("coremltools")
+    import torch
+    from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
+    from executorch.backends.apple.coreml.test.tester import CoreMLTester
+
+    conformance = _conformance_module()
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+            self.linear = torch.nn.Linear(6, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.bn(self.conv(x)))
+            return torch.sigmoid(self.linear(y) + 1.0) * y.sum()
+
+    def quantized() -> tuple[str, dict[str, torch.Tensor], torch.Tensor]:
+        torch.manual_seed(7)
+        model = Model().eval()
+        tester = CoreMLTester(model, (torch.randn(1, 3, 8, 8),))
+        program = tester.quantize().get_artifact()
+        state = {k: v.clone() for k, v in program.state_dict().items()}
+        return program.code, state, torch.get_rng_state()
+
+    original = utils._get_aten_graph_module
+    exports: list[object] = []
+
+    def export(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return original(*args, **kwargs)
+
+    utils._get_aten_graph_module = export
+    try:
+        assert conformance.memoize_coreml_pattern_graphs()  # type: ignore[attr-defined]
+        # The first quantization misses on every pattern, and a miss hands the quantizer what
+        # its export made, as without the memo (each use of a key exports once); the second
+        # is served by the memo's copies alone.
+        code, state, rng = quantized()
+        assert len(exports) > 100
+        before = len(exports)
+        memo_code, memo_state, memo_rng = quantized()
+        assert len(exports) == before  # every pattern from the memo
+        assert memo_code == code
+        assert memo_state.keys() == state.keys()
+        assert all(torch.equal(memo_state[k], state[k]) for k in state)
+        assert torch.equal(memo_rng, rng)
+    finally:
+        utils._get_aten_graph_module = original
