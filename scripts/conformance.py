@@ -151,6 +151,39 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
+def _pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, ...] | None:
+    """The key of exporting the pattern module ``pattern`` with ``example_inputs``: the code of
+    its class's functions and the values they close over, the class's other attributes, the
+    shapes and dtypes of the example inputs, and ``extra``. None (export it every time) when
+    the module holds state beyond its class (parameters, buffers, submodules, attributes), its
+    class derives from another than ``torch.nn.Module``, or the key does not hash."""
+    import torch
+
+    cls = type(pattern)
+    if (cls.__bases__ != (torch.nn.Module,)
+            or pattern.__dict__.keys() - torch.nn.Module().__dict__.keys()
+            or pattern._parameters or pattern._buffers or pattern._modules
+            or not all(isinstance(x, torch.Tensor) for x in example_inputs)):
+        return None
+    members: list[tuple[str, Any]] = []
+    for name, value in sorted(vars(cls).items()):
+        function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if callable(function) and hasattr(function, "__code__"):
+            # (``super()`` closes over the class itself: a class made per call is the same
+            # pattern each time)
+            value = (function.__code__,
+                     tuple("__class__" if c.cell_contents is cls else c.cell_contents
+                           for c in function.__closure__ or ()))
+        members.append((name, value))
+    key = (tuple(members),
+           tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs), extra)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def memoize_coreml_pattern_graphs() -> bool:
     """Export each of the Core ML quantizer's pattern graphs once per process; False when
     the quantizer does not import.
@@ -172,34 +205,14 @@ def memoize_coreml_pattern_graphs() -> bool:
         from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
     except ImportError:
         return False
-    import torch
 
     export = utils._get_aten_graph_module
     if getattr(export, "memoized", False):
         return True
     graphs: dict[tuple[Any, ...], Any] = {}
-    module_fields = torch.nn.Module().__dict__.keys()
-    class_fields = {"__module__", "__qualname__", "__doc__", "forward"}
-
-    def key_of(pattern: Any, example_inputs: Any, is_cuda: bool) -> tuple[Any, ...] | None:
-        """The pattern's key, or None when it holds state beyond ``forward``'s code and
-        closure (then it is exported every time)."""
-        if (vars(type(pattern)).keys() - class_fields or pattern.__dict__.keys() - module_fields
-                or pattern._parameters or pattern._buffers or pattern._modules
-                or not all(isinstance(x, torch.Tensor) for x in example_inputs)):
-            return None
-        forward = type(pattern).forward
-        key = (forward.__code__, tuple(c.cell_contents for c in forward.__closure__ or ()),
-               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
-               is_cuda)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
 
     def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False) -> Any:
-        key = key_of(pattern, example_inputs, is_cuda)
+        key = _pattern_key(pattern, example_inputs, is_cuda)
         if key is None:
             return export(pattern, example_inputs, is_cuda)
         if key in graphs:
@@ -212,6 +225,87 @@ def memoize_coreml_pattern_graphs() -> bool:
     memoized.memoized = True  # type: ignore[attr-defined]
     utils._get_aten_graph_module = memoized
     return True
+
+
+class _PendingExport:
+    """What the memoized ``export`` of :func:`memoize_vulkan_pattern_graphs` returns: the
+    export call, made only when ``to_edge`` misses."""
+
+    def __init__(self, key: tuple[Any, ...], call: Callable[[], Any]) -> None:
+        self.key = key
+        self.call = call
+
+
+def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
+    """Build each of Vulkan's fusion pattern graphs once per process; returns the function that
+    puts the unmemoized ones back, or None when the Vulkan backend does not import.
+
+    ``VulkanPartitioner.partition`` and ``VulkanBackend.preprocess`` both call every registered
+    pattern's graph function (``patterns.all_fusable_graph_patterns``,
+    ``replace_all_fusable_subgraphs``), and the two rotary-embedding ones (``rope``,
+    ``rope_hf``) export and ``to_edge`` three small modules on each call: measured, 70 % of a
+    ``vulkan`` test (about 13 of 18 s a lowering on 2 cores). Their ``lru_cache`` does not
+    apply: it wraps the function after ``register_pattern_graph`` registered the bare one.
+    Here the two modules' ``export`` and ``to_edge`` are memoized together, keyed as in
+    :func:`_pattern_key` plus ``to_edge``'s arguments: the first use of a key gets what the
+    real calls made, each later one a deep copy of it. The example inputs are still drawn
+    (``torch.randn``) by the pattern functions, so the random generator moves as without the
+    memo. It is installed in this process (the local flows, and the twins' preprocess) and
+    in the server :func:`serve` starts (the twins' partition), so both runs of a test use
+    it; ``--no-memo`` runs without it. ``tests/test_conformance.py`` checks that the graphs
+    and the generator are the same with and without it.
+    """
+    try:
+        from executorch.backends.vulkan.patterns import rope, rope_hf
+    except ImportError:
+        return None
+    import threading
+
+    modules = (rope, rope_hf)
+    if getattr(rope.to_edge, "memoized", False):
+        return lambda: None
+    originals = [(m, m.export, m.to_edge) for m in modules]
+    real_export, real_to_edge = rope.export, rope.to_edge
+    assert all(m.export is real_export and m.to_edge is real_to_edge for m in modules)
+    lock = threading.Lock()
+    edges: dict[tuple[Any, ...], Any] = {}
+
+    def export(module: Any, args: tuple[Any, ...], **kwargs: Any) -> Any:
+        key = _pattern_key(module, args, tuple(sorted(kwargs.items())))
+        if key is None:
+            return real_export(module, args, **kwargs)
+        return _PendingExport(key, lambda: real_export(module, args, **kwargs))
+
+    def to_edge(program: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(program, _PendingExport):
+            return real_to_edge(program, *args, **kwargs)
+        key = (program.key, repr(args), repr(sorted(kwargs.items())))
+        with lock:
+            hit = edges.get(key)
+        if hit is not None:
+            return copy.deepcopy(hit)
+        # A miss is the pattern function's own calls, exactly: it gets what they made.
+        edge = real_to_edge(program.call(), *args, **kwargs)
+        with lock:
+            edges.setdefault(key, copy.deepcopy(edge))
+        return edge
+
+    to_edge.memoized = True  # type: ignore[attr-defined]
+    for m in modules:
+        m.export, m.to_edge = export, to_edge
+
+    def restore() -> None:
+        for m, e, t in originals:
+            m.export, m.to_edge = e, t
+
+    return restore
+
+
+def install_memos() -> None:
+    """Install every memo of the backends' pattern graphs whose backend imports
+    (:func:`memoize_coreml_pattern_graphs`, :func:`memoize_vulkan_pattern_graphs`)."""
+    memoize_coreml_pattern_graphs()
+    memoize_vulkan_pattern_graphs()
 
 
 def _remote_twin(
@@ -282,9 +376,12 @@ class ConformancePlugin:
     def __init__(
         self, target: str, flows: list[str], seed: int, json_path: Path | None,
         *, resume: bool = False, remote_preprocess: bool = False,
-        shard: tuple[int, int] | None = None,
+        shard: tuple[int, int] | None = None, memoize: bool = True,
     ) -> None:
         self.target = target
+        #: Build the backends' pattern graphs once per process (:func:`install_memos`); the
+        #: server must then have them too (:func:`serve`).
+        self.memoize = memoize
         #: (i, n): run only every n-th collected test from the i-th (``--jobs``); the report
         #: goes to :func:`shard_report` of ``json_path``, the log is the one all shards share.
         self.shard = shard
@@ -340,8 +437,8 @@ class ConformancePlugin:
             sdpa.get_graphs()
         except ImportError:
             pass
-        if any(every[name].backend == "coreml" and every[name].quantize for name in chosen):
-            memoize_coreml_pattern_graphs()
+        if self.memoize:
+            install_memos()
 
     def pytest_collection_finish(self, session: Any) -> None:
         """Replace the suite conftest's ``TestRunner`` (its ``test_runner`` fixture builds one
@@ -698,12 +795,21 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
 # --------------------------------------------------------------------------- the server
 
 
+#: The first argument of this script's command line that runs ``remote-partitioner`` (the rest
+#: of the line) with the pattern graph memos installed (:func:`serve`).
+SERVE_WITH_MEMOS = "--serve-with-memos"
+
+
 @contextmanager
-def serve(startup_seconds: float = 240) -> Iterator[str]:
-    """``remote-partitioner serve`` on a free loopback port; yields its target."""
+def serve(startup_seconds: float = 240, memoize: bool = True) -> Iterator[str]:
+    """``remote-partitioner serve`` on a free loopback port; yields its target. With
+    ``memoize``, the server process has the pattern graph memos the runner has
+    (:func:`install_memos`), so that local and remote lowerings run the same code."""
     log = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    command = ([sys.executable, str(Path(__file__).resolve()), SERVE_WITH_MEMOS] if memoize
+               else [sys.executable, "-m", "remote_partitioner.cli"])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--address", "127.0.0.1:0"],
+        [*command, "serve", "--address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
@@ -778,6 +884,7 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
     common += ["-k", args.keyword] if args.keyword else []
     common += ["--remote-preprocess"] if args.remote_preprocess else []
     common += ["--resume"] if args.resume else []
+    common += ["--no-memo"] if args.no_memo else []
     extra = ["--", *args.pytest_args] if args.pytest_args else []
     for i in range(n):
         shard_report(args.json, i).unlink(missing_ok=True)
@@ -832,6 +939,12 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [SERVE_WITH_MEMOS]:
+        from remote_partitioner.cli import main as cli
+
+        install_memos()
+        return cli(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", nargs="*", default=list(HOSTED_FLOWS), choices=HOSTED_FLOWS)
     parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
@@ -842,6 +955,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(RemotePartitioner(remote_preprocess=True)); tabled and logged as "
                         f"FLOW{SERVER_PREPROCESS_SUFFIX}")
     parser.add_argument("--server", help="an existing server's target; else one is started")
+    parser.add_argument("--no-memo", action="store_true",
+                        help="build the backends' pattern graphs on every use, as ExecuTorch "
+                        "does (slow: by default they are built once per process, in the runner "
+                        "and in the server it starts; see memoize_vulkan_pattern_graphs)")
     parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
     parser.add_argument("--resume", action="store_true",
                         help="run only the tests the JSON's .jsonl log does not hold complete (a "
@@ -888,7 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_jobs(args, target)
         plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume,
                                    remote_preprocess=args.remote_preprocess,
-                                   shard=shard)  # type: ignore[arg-type]
+                                   shard=shard, memoize=not args.no_memo)  # type: ignore[arg-type]
         code = pytest.main(pytest_args, plugins=[plugin])
         rows = plugin.table()
         if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):
@@ -901,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
     # measured (an interrupted test is not complete, so --resume runs it again), and the
     # server started below is stopped rather than left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with serve() as target:
+    with serve(memoize=not args.no_memo) as target:
         print(f"conformance: server at {target}", flush=True)
         return run(target)
 

@@ -166,3 +166,54 @@ def test_memoized_coreml_pattern_graphs_quantize_the_same() -> None:
         assert torch.equal(memo_rng, rng)
     finally:
         utils._get_aten_graph_module = original
+
+
+@pytest.mark.slow
+def test_memoized_vulkan_pattern_graphs_are_the_same() -> None:
+    """The runner (and the server it starts) builds each of Vulkan's fusion pattern graphs
+    once per process (``memoize_vulkan_pattern_graphs``: without it every Vulkan partition
+    and preprocess exports the rotary-embedding patterns again, 70 % of a ``vulkan`` test).
+    From the same seed, the registered pattern functions give the same graphs, and leave the
+    same random generator, without the memo, on its first use and from the memo alone; and
+    the memo can be taken out again."""
+    pytest.importorskip("executorch.backends.vulkan.patterns")
+    import torch
+    from executorch.backends.vulkan.patterns import fusable_patterns, rope, rope_hf
+
+    conformance = _conformance_module()
+    functions = [e.get_graphs_fn for e in fusable_patterns.values() if e.get_graphs_fn]
+    assert {f.__name__ for f in functions} >= {"get_rope_graphs", "get_hf_rope_graphs"}
+
+    def graphs() -> tuple[list[str], list[list[tuple[str, str]]], torch.Tensor]:
+        torch.manual_seed(11)
+        built = [g for f in functions for g in f()]
+        nodes = [[(n.name, str(n.target)) for n in g.graph.nodes] for g in built]
+        return [g.code for g in built], nodes, torch.get_rng_state()
+
+    original = rope.export
+    exports: list[object] = []
+
+    def export(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return original(*args, **kwargs)
+
+    rope.export = rope_hf.export = export
+    try:
+        code, nodes, rng = graphs()
+        unmemoized = len(exports)
+        assert unmemoized >= 3
+        restore = conformance.memoize_vulkan_pattern_graphs()  # type: ignore[attr-defined]
+        assert restore is not None
+        try:
+            for expected_exports in (2 * unmemoized, 2 * unmemoized):  # a miss, then a hit
+                memo_code, memo_nodes, memo_rng = graphs()
+                assert len(exports) == expected_exports
+                assert memo_code == code
+                assert memo_nodes == nodes
+                assert torch.equal(memo_rng, rng)
+        finally:
+            restore()
+        graphs()
+        assert len(exports) == 3 * unmemoized  # exported again once restored
+    finally:
+        rope.export = rope_hf.export = original
