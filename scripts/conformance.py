@@ -764,12 +764,14 @@ def _flow_of(test: str) -> str:
 
 
 def _commit() -> str:
-    """The repository's HEAD, with ``+`` when the work tree has changes; "" outside git."""
+    """The repository's HEAD, with ``+`` when the work tree has changes (other than the logs
+    of ``conformance/results``, which runs append to); "" outside git."""
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
                               capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)conformance/results"],
                                cwd=root, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ""
