@@ -183,11 +183,12 @@ def _pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, .
     # The instance's own attributes (torchao's WrapperModule holds the pattern function).
     attributes = {k: v for k, v in pattern.__dict__.items()
                   if k not in torch.nn.Module().__dict__}
-    key = (members(vars(cls)), members(attributes),
-           tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs), extra)
     try:
+        key = (members(vars(cls)), members(attributes),
+               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
+               extra)
         hash(key)
-    except TypeError:
+    except (TypeError, ValueError):  # an unhashable value, or a closure cell not yet filled
         return None
     return key
 
