@@ -782,9 +782,13 @@ def _commit() -> str:
 def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
     """The comparisons and complete-test lines of ``.jsonl`` logs, for the tests the logs hold
     complete (an interrupted test's comparisons are left out); a test logged more than once
-    counts as its last complete run."""
+    counts as its last complete run. A test that failed without a single comparison is not
+    complete but ``uncompared`` (its failure says nothing of the remote path: a pytest-timeout
+    that interrupts torch mid-dispatch leaves the process failing every later test with
+    "PythonDispatcherTLS was not set"), so ``--resume`` runs it again."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     complete: dict[tuple[str, str], dict[str, Any]] = {}
+    uncompared: dict[tuple[str, str], dict[str, Any]] = {}
     pending: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in paths:
         for text in path.read_text().splitlines():
@@ -793,12 +797,18 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
             line = json.loads(text)
             key = (line["flow"], line["test"])
             if line.get("complete"):
+                run = pending.pop(key, [])
+                if line.get("outcome") == "failed" and not run:
+                    uncompared[key] = line
+                    continue
+                uncompared.pop(key, None)
                 complete[key] = line
-                runs[key] = pending.pop(key, [])
+                runs[key] = run
             else:
                 pending.setdefault(key, []).append(line)
     return {"complete": list(complete.values()),
-            "comparisons": [c for key in complete for c in runs.get(key, [])]}
+            "comparisons": [c for key in complete for c in runs.get(key, [])],
+            "uncompared": [t for key, t in uncompared.items() if key not in complete]}
 
 
 def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
@@ -812,6 +822,10 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
     tests = {f: sum(1 for t in log["complete"] if t["flow"] == f) for f in rows}
     lines = [format_table(rows), "",
              "complete tests per flow: " + ", ".join(f"{f} {n}" for f, n in tests.items()),
+             "failed without a comparison (not complete, --resume reruns them): "
+             + (", ".join(f"{f} {n}" for f in rows
+                          if (n := sum(1 for t in log["uncompared"] if t["flow"] == f)))
+                or "none"),
              f"commits compared: {', '.join(commits) or '-'}"]
     lines += ["differs: " + d for d in differing]
     return "\n".join(lines), len(differing)
