@@ -76,7 +76,8 @@ def _conformance_module() -> object:
 def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     """A long run is resumed over several sittings (``--resume``): the summary of the logs
     counts each test's comparisons once (its last complete run) and leaves out a test that was
-    interrupted before it completed."""
+    interrupted before it completed, and one that failed without a comparison (a process a
+    pytest-timeout left broken fails every later test before it lowers anything)."""
     conformance = _conformance_module()
 
     def comparison(test: str, identical: bool, subtest: int = 0) -> dict[str, object]:
@@ -85,8 +86,8 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
                 "differences": [] if identical else [".pte: differ"], "local": side,
                 "remote": side, "commit": "abc"}
 
-    def complete(test: str) -> dict[str, object]:
-        return {"test": test, "flow": "xnnpack", "complete": True, "outcome": "passed"}
+    def complete(test: str, outcome: str = "passed") -> dict[str, object]:
+        return {"test": test, "flow": "xnnpack", "complete": True, "outcome": outcome}
 
     first = tmp_path / "a.jsonl"
     first.write_text("\n".join(json.dumps(x) for x in [
@@ -94,17 +95,21 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
         comparison("t2[xnnpack]", True), comparison("t2[xnnpack]", True, 1),
         complete("t2[xnnpack]"),
         comparison("t3[xnnpack]", False),  # interrupted: never complete
+        complete("t4[xnnpack]", "failed"),  # failed before any lowering: not complete
+        comparison("t5[xnnpack]", True), complete("t5[xnnpack]", "failed"),
     ]))
     second = tmp_path / "b.jsonl"  # t1 again, identical now
     second.write_text("\n".join(json.dumps(x) for x in [
         comparison("t1[xnnpack]", True), complete("t1[xnnpack]")]))
     log = conformance.read_log([first, second])  # type: ignore[attr-defined]
     assert sorted(c["test"] for c in log["comparisons"]) == [
-        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]"]
+        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]"]
+    assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]"]
     text, differing = conformance.summarize_logs(  # type: ignore[attr-defined]
         [first, second], ["xnnpack"])
     assert differing == 0, text
-    assert "complete tests per flow: xnnpack 2" in text
+    assert "complete tests per flow: xnnpack 3" in text
+    assert "failed without a comparison (not complete, --resume reruns them): xnnpack 1" in text
     _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
     assert differing == 1
 
