@@ -193,6 +193,28 @@ def _pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, .
     return key
 
 
+class _GraphMemo:
+    """Graphs by key, thread-safe (a server partitions concurrently): the first use of a key
+    gets what ``make`` made, as without the memo; each later one a deep copy of it, taken
+    when it was made (before the caller changes it)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._graphs: dict[tuple[Any, ...], Any] = {}
+
+    def get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        with self._lock:
+            hit = self._graphs.get(key)
+        if hit is not None:
+            return copy.deepcopy(hit)
+        made = make()
+        with self._lock:
+            self._graphs.setdefault(key, copy.deepcopy(made))
+        return made
+
+
 def _memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
     """``export(pattern, example_inputs, is_cuda=False, **kwargs)``, a quantizer's function that
     exports a pattern module, memoized by :func:`_pattern_key`: the first use of a key gets the
@@ -200,18 +222,15 @@ def _memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
     export (before the caller changes it)."""
     if getattr(export, "memoized", False):
         return export
-    graphs: dict[tuple[Any, ...], Any] = {}
+    graphs = _GraphMemo()
 
     def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False, **kwargs: Any) -> Any:
         key = _pattern_key(pattern, example_inputs, is_cuda, tuple(sorted(kwargs.items())))
-        if key is None:
+        # A miss (or a pattern without a key) is the quantizer's own call, exactly.
+        def call() -> Any:
             return export(pattern, example_inputs, is_cuda, **kwargs)
-        if key in graphs:
-            return copy.deepcopy(graphs[key])
-        # A miss is the quantizer's own call, exactly: it gets the graph export made.
-        graph = export(pattern, example_inputs, is_cuda, **kwargs)
-        graphs[key] = copy.deepcopy(graph)
-        return graph
+
+        return call() if key is None else graphs.get(key, call)
 
     memoized.memoized = True  # type: ignore[attr-defined]
     return memoized
@@ -292,16 +311,13 @@ def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
         from executorch.backends.vulkan.patterns import rope, rope_hf
     except ImportError:
         return None
-    import threading
-
     modules = (rope, rope_hf)
     if getattr(rope.to_edge, "memoized", False):
         return lambda: None
     originals = [(m, m.export, m.to_edge) for m in modules]
     real_export, real_to_edge = rope.export, rope.to_edge
     assert all(m.export is real_export and m.to_edge is real_to_edge for m in modules)
-    lock = threading.Lock()
-    edges: dict[tuple[Any, ...], Any] = {}
+    edges = _GraphMemo()
 
     def export(module: Any, args: tuple[Any, ...], **kwargs: Any) -> Any:
         key = _pattern_key(module, args, tuple(sorted(kwargs.items())))
@@ -313,15 +329,8 @@ def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
         if not isinstance(program, _PendingExport):
             return real_to_edge(program, *args, **kwargs)
         key = (program.key, repr(args), repr(sorted(kwargs.items())))
-        with lock:
-            hit = edges.get(key)
-        if hit is not None:
-            return copy.deepcopy(hit)
         # A miss is the pattern function's own calls, exactly: it gets what they made.
-        edge = real_to_edge(program.call(), *args, **kwargs)
-        with lock:
-            edges.setdefault(key, copy.deepcopy(edge))
-        return edge
+        return edges.get(key, lambda: real_to_edge(program.call(), *args, **kwargs))
 
     to_edge.memoized = True  # type: ignore[attr-defined]
     for m in modules:
@@ -801,7 +810,6 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
                 if line.get("outcome") == "failed" and not run:
                     uncompared[key] = line
                     continue
-                uncompared.pop(key, None)
                 complete[key] = line
                 runs[key] = run
             else:
