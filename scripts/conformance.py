@@ -56,6 +56,8 @@ SUITES = ("operators", "models")
 SERVER_PREPROCESS_SUFFIX = "+server-preprocess"
 #: A test's timeout here, as a multiple of the suite's own (which is for one lowering).
 TWIN_TIMEOUT_FACTOR = 3
+#: What pytest-timeout's failure of a test says.
+TIMEOUT_FAILURE = "from pytest-timeout"
 
 _UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _MANIFEST = re.compile(rb'\{\s*"fileFormatVersion"')
@@ -421,8 +423,11 @@ class ConformancePlugin:
         self, target: str, flows: list[str], seed: int, json_path: Path | None,
         *, resume: bool = False, remote_preprocess: bool = False,
         shard: tuple[int, int] | None = None, memoize: bool = True,
+        timeout_factor: float = TWIN_TIMEOUT_FACTOR,
     ) -> None:
         self.target = target
+        #: A test's timeout, as a multiple of the suite's own (``--timeout-factor``).
+        self.timeout_factor = timeout_factor
         #: Build the backends' pattern graphs once per process (:func:`install_memos`); the
         #: server must then have them too (:func:`serve`).
         self.memoize = memoize
@@ -443,6 +448,10 @@ class ConformancePlugin:
         self.not_collected: dict[str, str] = {}
         #: The commit this run compares (``+`` when the work tree has changes).
         self.commit = _commit()
+        #: The tests that hit their timeout (the run stops at the first: see
+        #: pytest_runtest_logreport).
+        self.timed_out: list[str] = []
+        self.session: Any = None
         #: (flow, test name) of the tests a resumed log already holds, complete.
         self.done: set[tuple[str, str]] = set()
         if json_path is not None:
@@ -592,7 +601,7 @@ class ConformancePlugin:
         for item in items:
             marker = item.get_closest_marker("timeout")
             if marker is not None and marker.args and isinstance(marker.args[0], (int, float)):
-                item.add_marker(pytest.mark.timeout(TWIN_TIMEOUT_FACTOR * marker.args[0]),
+                item.add_marker(pytest.mark.timeout(self.timeout_factor * marker.args[0]),
                                 append=False)
         keep, skipped = [], []
         for index, item in enumerate(items):
@@ -694,12 +703,28 @@ class ConformancePlugin:
         return Lowering(summary.result.name, error, pte, rng[0] if rng else None, seconds, lower)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        if report.when == "call" or (report.when == "setup" and report.skipped):
+        # pytest-timeout interrupts the test wherever it is, torch's dispatcher included; every
+        # later test of this process then fails before lowering anything ("... PythonDispatcherTLS
+        # was not set"). The run stops there (rather than log them all uncompared), and the test
+        # is logged timed out: not complete, whatever it compared before (see read_log).
+        timed_out = TIMEOUT_FAILURE in str(report.longrepr)  # in any phase; failed, or xfailed
+        name = report.nodeid.rsplit("::", 1)[-1]
+        if report.when == "call" or (report.when == "setup" and report.skipped) or timed_out:
             flow = _flow_of(report.nodeid) + self.suffix
             self.tests[report.nodeid] = flow
-            name = report.nodeid.rsplit("::", 1)[-1]
             self._log({"test": name, "flow": flow, "complete": True,
-                       "outcome": report.outcome, "commit": self.commit})
+                       "outcome": report.outcome, "commit": self.commit,
+                       **({"timed_out": True} if timed_out else {})})
+        if timed_out:
+            self.timed_out.append(name)
+            if self.session is not None:
+                self.session.shouldstop = (
+                    f"{name} timed out, which leaves torch broken in this process: the run "
+                    "stops here. Run the rest with --resume, and give slow tests more time "
+                    "with --timeout-factor")
+
+    def pytest_sessionstart(self, session: Any) -> None:
+        self.session = session
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -794,7 +819,8 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
     counts as its last complete run. A test that failed without a single comparison is not
     complete but ``uncompared`` (its failure says nothing of the remote path: a pytest-timeout
     that interrupts torch mid-dispatch leaves the process failing every later test with
-    "PythonDispatcherTLS was not set"), so ``--resume`` runs it again."""
+    "PythonDispatcherTLS was not set"), so ``--resume`` runs it again; so is a test that timed
+    out, whatever it compared before."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     complete: dict[tuple[str, str], dict[str, Any]] = {}
     uncompared: dict[tuple[str, str], dict[str, Any]] = {}
@@ -807,7 +833,7 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
             key = (line["flow"], line["test"])
             if line.get("complete"):
                 run = pending.pop(key, [])
-                if line.get("outcome") == "failed" and not run:
+                if line.get("timed_out") or (line.get("outcome") == "failed" and not run):
                     uncompared[key] = line
                     continue
                 complete[key] = line
@@ -830,7 +856,7 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
     tests = {f: sum(1 for t in log["complete"] if t["flow"] == f) for f in rows}
     lines = [format_table(rows), "",
              "complete tests per flow: " + ", ".join(f"{f} {n}" for f, n in tests.items()),
-             "failed without a comparison (not complete, --resume reruns them): "
+             "timed out or failed without a comparison (not complete, --resume reruns them): "
              + (", ".join(f"{f} {n}" for f in rows
                           if (n := sum(1 for t in log["uncompared"] if t["flow"] == f)))
                 or "none"),
@@ -944,6 +970,7 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
     common += ["--remote-preprocess"] if args.remote_preprocess else []
     common += ["--resume"] if args.resume else []
     common += ["--no-memo"] if args.no_memo else []
+    common += ["--timeout-factor", str(args.timeout_factor)]
     extra = ["--", *args.pytest_args] if args.pytest_args else []
     for i in range(n):
         shard_report(args.json, i).unlink(missing_ok=True)
@@ -1018,6 +1045,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the backends' pattern graphs on every use, as ExecuTorch "
                         "does (slow: by default they are built once per process, in the runner "
                         "and in the server it starts; see memoize_vulkan_pattern_graphs)")
+    parser.add_argument("--timeout-factor", type=float, default=TWIN_TIMEOUT_FACTOR, metavar="F",
+                        help="a test's timeout as a multiple of the suite's own, which is for "
+                        f"one lowering (default {TWIN_TIMEOUT_FACTOR}: the twin lowers twice). A "
+                        "test that times out leaves torch broken for every later test of its "
+                        "process (they are logged uncompared, and --resume reruns them): give a "
+                        "slow test, such as a quantized LSTM on a loaded machine, more")
     parser.add_argument("--json", type=Path, default=Path("build/conformance.json"))
     parser.add_argument("--resume", action="store_true",
                         help="run only the tests the JSON's .jsonl log does not hold complete (a "
@@ -1064,9 +1097,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_jobs(args, target)
         plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume,
                                    remote_preprocess=args.remote_preprocess,
-                                   shard=shard, memoize=not args.no_memo)  # type: ignore[arg-type]
+                                   shard=shard, memoize=not args.no_memo,  # type: ignore[arg-type]
+                                   timeout_factor=args.timeout_factor)
         code = pytest.main(pytest_args, plugins=[plugin])
         rows = plugin.table()
+        if plugin.timed_out:
+            print(f"conformance: stopped after {plugin.timed_out[0]} timed out; the rest was not "
+                  "run (--resume runs it)", flush=True)
+            return int(pytest.ExitCode.INTERRUPTED)
         if int(code) not in (0, 1) or not any(r["tests"] for r in rows.values()):
             return int(code) or 5
         return 0 if all(r["differing"] == 0 for r in rows.values()) else 1

@@ -61,6 +61,28 @@ def test_conformance_subset(
         assert not list(tmp_path.glob("*.shard*.json"))  # merged, then removed
 
 
+@pytest.mark.slow
+def test_a_test_that_times_out_stops_the_run(server_address: str, tmp_path: Path) -> None:
+    """A pytest-timeout leaves torch broken for the rest of the process: the run stops at the
+    first, says so, exits non-zero, and logs nothing it did not compare as complete."""
+    out = tmp_path / "conformance.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "conformance.py"), "--server", server_address,
+         "--suite", "operators", "--flows", "xnnpack", "-k",
+         "test_add_f32_alpha or test_conv2d_basic", "--timeout-factor", "0.01",  # 1.2 s
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "timed out" in proc.stdout and "--resume" in proc.stdout, proc.stdout[-3000:]
+    lines = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    # One test ran (and timed out before a comparison); the other two were never started.
+    assert len({line["test"] for line in lines}) == 1, lines
+    assert not [line for line in lines if "subtest" in line], lines
+    log = _conformance_module().read_log([out.with_suffix(".jsonl")])  # type: ignore[attr-defined]
+    assert not log["complete"], log
+
+
 def _conformance_module() -> object:
     import importlib.util
 
@@ -76,8 +98,9 @@ def _conformance_module() -> object:
 def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     """A long run is resumed over several sittings (``--resume``): the summary of the logs
     counts each test's comparisons once (its last complete run) and leaves out a test that was
-    interrupted before it completed, and one that failed without a comparison (a process a
-    pytest-timeout left broken fails every later test before it lowers anything)."""
+    interrupted before it completed, one that failed without a comparison (a process a
+    pytest-timeout left broken fails every later test before it lowers anything), and one that
+    timed out."""
     conformance = _conformance_module()
 
     def comparison(test: str, identical: bool, subtest: int = 0) -> dict[str, object]:
@@ -97,6 +120,8 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
         comparison("t3[xnnpack]", False),  # interrupted: never complete
         complete("t4[xnnpack]", "failed"),  # failed before any lowering: not complete
         comparison("t5[xnnpack]", True), complete("t5[xnnpack]", "failed"),
+        # timed out after a comparison: not complete either (--resume runs it again)
+        comparison("t6[xnnpack]", True), {**complete("t6[xnnpack]", "failed"), "timed_out": True},
     ]))
     second = tmp_path / "b.jsonl"  # t1 again, identical now
     second.write_text("\n".join(json.dumps(x) for x in [
@@ -104,12 +129,13 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     log = conformance.read_log([first, second])  # type: ignore[attr-defined]
     assert sorted(c["test"] for c in log["comparisons"]) == [
         "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]"]
-    assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]"]
+    assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]", "t6[xnnpack]"]
     text, differing = conformance.summarize_logs(  # type: ignore[attr-defined]
         [first, second], ["xnnpack"])
     assert differing == 0, text
     assert "complete tests per flow: xnnpack 3" in text
-    assert "failed without a comparison (not complete, --resume reruns them): xnnpack 1" in text
+    assert ("timed out or failed without a comparison (not complete, --resume reruns them): "
+            "xnnpack 2") in text
     _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
     assert differing == 1
 
