@@ -76,7 +76,7 @@ def test_a_test_that_times_out_stops_the_run(server_address: str, tmp_path: Path
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "timed out" in proc.stdout and "--resume" in proc.stdout, proc.stdout[-3000:]
     lines = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
-    # One test ran (and timed out before a comparison); the other two were never started.
+    # One test ran (and timed out before a comparison); the other was never started.
     assert len({line["test"] for line in lines}) == 1, lines
     assert not [line for line in lines if "subtest" in line], lines
     log = _conformance_module().read_log([out.with_suffix(".jsonl")])  # type: ignore[attr-defined]
