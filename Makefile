@@ -64,13 +64,14 @@ lint: venv
 		-m remote_partitioner.proto.transport
 
 test: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -ra -m "not conformance" --durations=15 $(PYTEST_ARGS) tests
 
 # The quick loop: everything but the tests marked `slow` (soaks, fleets of server processes,
 # the large example models). Still byte-identical lowerings of real models, every error path
 # and the security checks.
 test-fast: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra -m "not slow" --durations=10 $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -ra -m "not slow and not conformance" --durations=10 \
+		$(PYTEST_ARGS) tests
 
 demo: venv
 	$(BIN)/python scripts/demo.py
@@ -104,7 +105,10 @@ distclean: clean
 # process per core (CONFORMANCE_JOBS) sharing one server.
 CONFORMANCE_ARGS ?=
 CONFORMANCE_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+# First the runner's own checks (tests marked `conformance`: its per-process memos change no
+# program), then the suite.
 conformance: $(VENV)/.conformance-stamp
+	$(BIN)/python -m pytest -q -ra -m conformance tests/test_conformance.py
 	$(BIN)/python scripts/conformance.py --json build/conformance.json \
 		--jobs $(CONFORMANCE_JOBS) $(CONFORMANCE_ARGS)
 

@@ -1,8 +1,8 @@
 """Preprocess on the server: a client process that cannot import any backend package lowers
 through ``RemotePartitioner`` and gets the local ``.pte`` (Core ML: normalized).
 
-Each test saves exported programs with ``torch.export.save``, lowers them in a subprocess whose
-import system refuses ``executorch.backends.xnnpack*``, ``executorch.backends.vulkan*``,
+Each test saves exported programs with ``torch.export.save``, lowers them in a subprocess (one
+for all the cases of the model matrix) whose import system refuses ``executorch.backends.xnnpack*``, ``executorch.backends.vulkan*``,
 ``executorch.backends.apple*`` and ``coremltools*`` (a ``sys.meta_path`` finder raising
 ``ModuleNotFoundError``), and compares its ``.pte`` with a local lowering of the same programs
 in this process, against the session's real server.
@@ -54,20 +54,19 @@ CLIENT = BLOCK_BACKENDS + textwrap.dedent("""
     from executorch.exir import to_edge, to_edge_transform_and_lower
     from remote_partitioner.client import RemotePartitioner
 
-    target, name, flow, out, *files = sys.argv[1:]
-    programs = {}
-    for f in files:
-        method, path = f.split("=", 1)
-        programs[method] = torch.export.load(path)
-    remote = RemotePartitioner(target, name, timeout=900)
-    if flow == "to_backend":
-        edge = to_edge(programs).to_backend(remote)
-    else:
-        edge = to_edge_transform_and_lower(programs, partitioner=[remote])
-    with open(out, "wb") as fh:
-        fh.write(edge.to_executorch().buffer)
-    loaded = sorted(m for m in sys.modules if m.startswith(_BLOCKED))
-    print(json.dumps({"stats": remote.stats, "backends_loaded": loaded}))
+    # argv: the target, then a JSON list of jobs {name, flow, out, files: {method: path}}.
+    target, jobs = sys.argv[1], json.loads(sys.argv[2])
+    for job in jobs:
+        programs = {m: torch.export.load(path) for m, path in job["files"].items()}
+        remote = RemotePartitioner(target, job["name"], timeout=900)
+        if job["flow"] == "to_backend":
+            edge = to_edge(programs).to_backend(remote)
+        else:
+            edge = to_edge_transform_and_lower(programs, partitioner=[remote])
+        with open(job["out"], "wb") as fh:
+            fh.write(edge.to_executorch().buffer)
+        loaded = sorted(m for m in sys.modules if m.startswith(_BLOCKED))
+        print(json.dumps({"stats": remote.stats, "backends_loaded": loaded}), flush=True)
 """)
 
 
@@ -85,28 +84,37 @@ def _local_partitioner(name: str) -> Any:
     return CoreMLPartitioner()
 
 
-def _lower_blocked(
-    tmp_path: Path, target: str, name: str, programs: dict[str, ExportedProgram],
-    flow: str = "transform_and_lower",
-) -> tuple[bytes, bytes, dict[str, Any]]:
-    """(remote .pte from a process without backends, local .pte from this one, client
-    report)."""
+def _save(folder: Path, programs: dict[str, ExportedProgram]) -> dict[str, str]:
+    """Save each method's program in ``folder``: {method: path}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for method, ep in programs.items():
+        files[method] = str(folder / f"{method}.pt2")
+        torch.export.save(ep, files[method])
+    return files
+
+
+def _run_blocked_client(target: str, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lower each job's saved programs through ``target`` in one process that cannot import a
+    backend (one process for all: its start is most of a small case's time); each job's
+    client report, and each ``out`` written."""
     import json
 
-    files = []
-    for method, ep in programs.items():
-        path = tmp_path / f"{method}.pt2"
-        torch.export.save(ep, path)
-        files.append(f"{method}={path}")
-    out = tmp_path / "remote.pte"
     done = subprocess.run(
-        [sys.executable, "-c", CLIENT, target, name, flow, str(out), *files],
-        capture_output=True, text=True, timeout=1200,
+        [sys.executable, "-c", CLIENT, target, json.dumps(jobs)],
+        capture_output=True, text=True, timeout=1200 * len(jobs),
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["backends_loaded"] == [], report["backends_loaded"]
-    loaded = {m: torch.export.load(tmp_path / f"{m}.pt2") for m in programs}
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(jobs), done.stdout[-4000:]
+    for report in reports:
+        assert report["backends_loaded"] == [], report["backends_loaded"]
+    return reports
+
+
+def _lower_locally(files: dict[str, str], name: str, flow: str = "transform_and_lower") -> bytes:
+    """The local .pte of the saved programs, as loaded back (the client lowers those)."""
+    loaded = {m: torch.export.load(path) for m, path in files.items()}
     local = _local_partitioner(name)
     if flow == "to_backend":
         edge = to_edge(loaded).to_backend(local)
@@ -116,7 +124,21 @@ def _lower_blocked(
         "executorch_call_delegate" in str(n.target)
         for m in edge.methods for n in edge.exported_program(m).graph.nodes
     ), "nothing was delegated: the comparison would prove little"
-    return out.read_bytes(), edge.to_executorch().buffer, report
+    return bytes(edge.to_executorch().buffer)
+
+
+def _lower_blocked(
+    tmp_path: Path, target: str, name: str, programs: dict[str, ExportedProgram],
+    flow: str = "transform_and_lower",
+) -> tuple[bytes, bytes, dict[str, Any]]:
+    """(remote .pte from a process without backends, local .pte from this one, client
+    report)."""
+    files = _save(tmp_path, programs)
+    out = tmp_path / "remote.pte"
+    [report] = _run_blocked_client(
+        target, [{"name": name, "flow": flow, "out": str(out), "files": files}]
+    )
+    return out.read_bytes(), _lower_locally(files, name, flow), report
 
 
 # ------------------------------------------------------------------ models
@@ -204,27 +226,52 @@ MODELS = {
     "fp32": fp32, "conv": conv, "dynamic": dynamic, "multi_method": multi_method,
     "cond": cond, "tied": tied, "quantized": quantized,
 }
-FAST: set[tuple[str, str]] = set()  # each case runs a client process: > 5 s
+#: (backend, model) cases of the test below: every model with XNNPACK; with Vulkan the ones
+#: whose lowering differs by backend (shapes, methods sharing a weight), the graph classes
+#: (convolution, control flow, tied weights) being the codec's, which XNNPACK's cases cover.
+CASES = [
+    *[("xnnpack", m) for m in MODELS],
+    *[("vulkan", m) for m in ("fp32", "dynamic", "multi_method")],
+]
 
 
-def _cases(backends: tuple[str, ...], models: tuple[str, ...]) -> list[Any]:
-    return [
-        pytest.param(b, m, marks=() if (b, m) in FAST else slow, id=f"{b}-{m}")
-        for b in backends for m in models
+@pytest.fixture(scope="module")
+def blocked_lowerings(
+    server_address: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[tuple[str, str], tuple[dict[str, str], bytes, dict[str, Any]]]:
+    """The selected cases of ``test_process_without_backends_gets_the_local_pte``, lowered by
+    one client process without backends: {(backend, model): (saved programs, remote .pte,
+    client report)}."""
+    selected = [
+        (item.callspec.params["backend"], item.callspec.params["model"])
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_process_without_backends_gets_the_local_pte"
     ]
+    root = tmp_path_factory.mktemp("blocked")
+    jobs, files = [], {}
+    for backend, model in selected:
+        folder = root / f"{backend}-{model}"
+        files[backend, model] = _save(folder, MODELS[model]())
+        jobs.append({"name": backend, "flow": "transform_and_lower",
+                     "out": str(folder / "remote.pte"), "files": files[backend, model]})
+    reports = _run_blocked_client(server_address, jobs) if jobs else []
+    return {
+        case: (files[case], Path(job["out"]).read_bytes(), report)
+        for case, job, report in zip(selected, jobs, reports, strict=True)
+    }
 
 
 # ------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize(("backend", "model"), [
-    *_cases(("xnnpack",), tuple(MODELS)),
-    *_cases(("vulkan",), ("fp32", "conv", "dynamic", "multi_method", "tied", "cond")),
-])
+@slow  # the client process, then a local lowering per case (> 5 s)
+@pytest.mark.parametrize(("backend", "model"), CASES, ids=[f"{b}-{m}" for b, m in CASES])
 def test_process_without_backends_gets_the_local_pte(
-    backend: str, model: str, server_address: str, tmp_path: Path
+    backend: str, model: str,
+    blocked_lowerings: dict[tuple[str, str], tuple[dict[str, str], bytes, dict[str, Any]]],
 ) -> None:
-    remote, local, report = _lower_blocked(tmp_path, server_address, backend, MODELS[model]())
+    files, remote, report = blocked_lowerings[backend, model]
+    local = _lower_locally(files, backend)
     assert remote == local, f"remote .pte ({len(remote)} B) differs from local ({len(local)} B)"
     assert report["stats"]["preprocess_calls"] >= 1
 
@@ -553,12 +600,14 @@ def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
 def test_vulkan_quantized_fails_as_locally(server_address: str, tmp_path: Path) -> None:
     """Vulkan cannot lower the PT2E (XNNPACK-quantizer) model: locally its preprocess asserts;
     in a process without backends the same AssertionError comes back from the server."""
-    programs = quantized()
-    path = tmp_path / "forward.pt2"
-    torch.export.save(programs["forward"], path)
+    import json
+
+    files = _save(tmp_path, quantized())
+    path = files["forward"]
+    job = {"name": "vulkan", "flow": "transform_and_lower", "out": str(tmp_path / "remote.pte"),
+           "files": files}
     done = subprocess.run(
-        [sys.executable, "-c", CLIENT, server_address, "vulkan", "transform_and_lower",
-         str(tmp_path / "remote.pte"), f"forward={path}"],
+        [sys.executable, "-c", CLIENT, server_address, json.dumps([job])],
         capture_output=True, text=True, timeout=1200,
     )
     with pytest.raises(AssertionError) as local:

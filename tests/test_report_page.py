@@ -239,20 +239,21 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
 
 @pytest.mark.slow
 def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path) -> None:
-    """ExecuTorch's llama2 example at 32 layers (about 3,800 nodes): the page opens with the
-    layers collapsed, explains every CPU node, and a click opens a module (its time to open is
-    a bench figure: make bench-report)."""
+    """ExecuTorch's llama2 example at 8 layers (about 950 nodes, 7 times the page's first
+    drawing): the page opens with the layers collapsed, explains every CPU node, and a click
+    opens a module. ``make bench-report`` opens it at 32 layers (3,763 nodes) and times it:
+    the report alone takes about 160 s to make at that depth, 27 s at this one."""
     from report_inputs import llama2_report
 
-    report = llama2_report()
+    report = llama2_report(n_layers=8)
     method = report["methods"][0]
-    assert len(method["nodes"]) > 3000
+    assert len(method["nodes"]) > 900
     write_report(tmp_path / "llama2.html", report, title="llama2")
     seen = open_page(tmp_path / "llama2.html", tmp_path / "llama2.png", expand=True, reveal=True)
     assert_clean(seen)
     assert_colours(seen, report)
     assert 0 < seen["visible"][0] <= 160, "the first drawing must stay small"
-    assert len(seen["clusters"]) >= 32  # the transformer blocks, collapsed
+    assert len(seen["clusters"]) >= 8  # the transformer blocks, collapsed
     # Every CPU node is named on the page (past the first few of an operator and reason, in a
     # folded "N more"), every reason and operator is in plain sight.
     for n in method["nodes"]:

@@ -333,9 +333,12 @@ def test_shutdown_finishes_the_call_in_flight(
         proc.send_signal(signal.SIGTERM)
         sigterm = time.monotonic()
 
-        # New calls, on new channels, until one is refused: the first few may still get in
-        # while the signal reaches the server's main thread.
-        new_call, accepted = None, 0
+        # New calls, on new channels, until one is refused UNAVAILABLE: the first few may still
+        # get in while the signal reaches the server's main thread, and a call that reaches the
+        # server just as grpc's shutdown begins is CANCELLED by grpc itself (a race in grpc's
+        # core, seen on CI); any other failure fails the test.
+        new_call: grpc.RpcError | None = None
+        accepted, cancelled = 0, 0
         while new_call is None and time.monotonic() - sigterm < 5:
             try:
                 with grpc.insecure_channel(target) as channel:
@@ -345,10 +348,18 @@ def test_shutdown_finishes_the_call_in_flight(
                 accepted += 1
                 time.sleep(0.02)
             except grpc.RpcError as e:
-                new_call = e
+                assert isinstance(e, grpc.Call)
+                if e.code() is grpc.StatusCode.CANCELLED:
+                    cancelled += 1
+                    time.sleep(0.02)
+                else:
+                    new_call = e
         refused_after = time.monotonic() - sigterm
         in_flight_at_new_call = caller.is_alive()
-        assert isinstance(new_call, grpc.Call), "new calls were still accepted 5 s after SIGTERM"
+        assert isinstance(new_call, grpc.Call), (
+            f"no new call was refused 5 s after SIGTERM ({accepted} accepted,"
+            f" {cancelled} cancelled)"
+        )
         assert new_call.code() is grpc.StatusCode.UNAVAILABLE, (new_call.code(),
                                                                 new_call.details())
         assert in_flight_at_new_call, "the call in flight ended before new calls were refused"
@@ -368,7 +379,8 @@ def test_shutdown_finishes_the_call_in_flight(
         summary = (
             f"SIGTERM {sigterm - polled:.2f} s after the call was sent"
             f"; call finished {outcome['finished'] - sigterm:.2f} s after SIGTERM"
-            f"; a new call {refused_after:.2f} s after SIGTERM ({accepted} accepted before it) "
+            f"; a new call {refused_after:.2f} s after SIGTERM ({accepted} accepted and {cancelled}"
+            f" cancelled before it) "
             f"was {new_call.code().name}, the call still in flight then: {in_flight_at_new_call}"
             f"; server exited {returncode} after {exited:.2f} s"
         )
