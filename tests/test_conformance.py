@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: `make conformance`: one of its tests takes almost 3 minutes.
 SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
     (["xnnpack"], "test_add_f32_alpha or test_conv2d_basic", ["--jobs", "2"]),
-    (["xnnpack_static_int8_per_tensor"], "test_conv2d_basic", []),
-    (["coreml"], "test_add_f32_alpha", []),
-    (["vulkan_static_int8_per_channel"], "test_add_f32_alpha", []),
+    # Three flows in one run (each run starts by importing the suite and every backend).
+    (["xnnpack_static_int8_per_tensor", "coreml", "vulkan_static_int8_per_channel"],
+     "(test_conv2d_basic and xnnpack_static_int8_per_tensor)"
+     " or (test_add_f32_alpha and (coreml or vulkan_static_int8_per_channel))", []),
     (["vulkan"], "test_add_f32_alpha", ["--remote-preprocess"]),
 )
 
@@ -30,7 +31,7 @@ SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("flows", "keyword", "more"), SUBSET,
-    ids=[s[0][0] + "".join(s[2]).replace("--remote-preprocess", "-server-preprocess")
+    ids=["+".join(s[0]) + "".join(s[2]).replace("--remote-preprocess", "-server-preprocess")
          .replace("--jobs", "-jobs") for s in SUBSET],
 )
 def test_conformance_subset(
@@ -46,6 +47,8 @@ def test_conformance_subset(
     result = json.loads(out.read_text())
     compared = result["comparisons"]
     assert compared, proc.stdout[-3000:]
+    suffix = _conformance_module().SERVER_PREPROCESS_SUFFIX  # type: ignore[attr-defined]
+    assert {c["flow"].removesuffix(suffix) for c in compared} == set(flows), proc.stdout[-3000:]
     differing = [c for c in compared if not c["identical"]]
     assert not differing, json.dumps(differing, indent=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
