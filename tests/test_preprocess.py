@@ -2,9 +2,10 @@
 through ``RemotePartitioner`` and gets the local ``.pte`` (Core ML: normalized).
 
 Each test saves exported programs with ``torch.export.save``, lowers them in a subprocess (one
-for all the cases of the model matrix) whose import system refuses ``executorch.backends.xnnpack*``, ``executorch.backends.vulkan*``,
-``executorch.backends.apple*`` and ``coremltools*`` (a ``sys.meta_path`` finder raising
-``ModuleNotFoundError``), and compares its ``.pte`` with a local lowering of the same programs
+for all the cases of the model matrix) whose import system refuses
+``executorch.backends.xnnpack*``, ``executorch.backends.vulkan*``, ``executorch.backends.apple*``
+and ``coremltools*`` (a ``sys.meta_path`` finder raising ``ModuleNotFoundError``), and
+compares its ``.pte`` with a local lowering of the same programs
 in this process, against the session's real server.
 """
 
