@@ -155,89 +155,12 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
-def _pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, ...] | None:
-    """The key of exporting the pattern module ``pattern`` with ``example_inputs``: the code of
-    its class's functions and the values they close over, the class's other attributes, the
-    shapes and dtypes of the example inputs, and ``extra``. None (export it every time) when
-    the module holds parameters, buffers or submodules, its class derives from another than
-    ``torch.nn.Module``, or the key does not hash (an attribute of the module counts as its
-    class's do)."""
-    import torch
+def memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
+    """The server's memo of a quantizer's pattern export
+    (``remote_partitioner.server.pattern_memo.memoized_pattern_export``)."""
+    from remote_partitioner.server.pattern_memo import memoized_pattern_export as memoized
 
-    cls = type(pattern)
-    if (cls.__bases__ != (torch.nn.Module,)
-            or pattern._parameters or pattern._buffers or pattern._modules
-            or not all(isinstance(x, torch.Tensor) for x in example_inputs)):
-        return None
-
-    def members(namespace: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-        """A namespace's items, a function by its code and the values it closes over
-        (``super()`` closes over the class itself: a class made per call is the same pattern
-        each time)."""
-        items = []
-        for name, value in sorted(namespace.items()):
-            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-            if callable(function) and hasattr(function, "__code__"):
-                value = (function.__code__,
-                         tuple("__class__" if c.cell_contents is cls else c.cell_contents
-                               for c in function.__closure__ or ()))
-            items.append((name, value))
-        return tuple(items)
-
-    # The instance's own attributes (torchao's WrapperModule holds the pattern function).
-    attributes = {k: v for k, v in pattern.__dict__.items()
-                  if k not in torch.nn.Module().__dict__}
-    try:
-        key = (members(vars(cls)), members(attributes),
-               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
-               extra)
-        hash(key)
-    except (TypeError, ValueError):  # an unhashable value, or a closure cell not yet filled
-        return None
-    return key
-
-
-class _GraphMemo:
-    """Graphs by key, thread-safe (a server partitions concurrently): the first use of a key
-    gets what ``make`` made, as without the memo; each later one a deep copy of it, taken
-    when it was made (before the caller changes it)."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self._lock = threading.Lock()
-        self._graphs: dict[tuple[Any, ...], Any] = {}
-
-    def get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        with self._lock:
-            hit = self._graphs.get(key)
-        if hit is not None:
-            return copy.deepcopy(hit)
-        made = make()
-        with self._lock:
-            self._graphs.setdefault(key, copy.deepcopy(made))
-        return made
-
-
-def _memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
-    """``export(pattern, example_inputs, is_cuda=False, **kwargs)``, a quantizer's function that
-    exports a pattern module, memoized by :func:`_pattern_key`: the first use of a key gets the
-    graph its export made, as without the memo; each later one a deep copy of it, taken at
-    export (before the caller changes it)."""
-    if getattr(export, "memoized", False):
-        return export
-    graphs = _GraphMemo()
-
-    def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False, **kwargs: Any) -> Any:
-        key = _pattern_key(pattern, example_inputs, is_cuda, tuple(sorted(kwargs.items())))
-        # A miss (or a pattern without a key) is the quantizer's own call, exactly.
-        def call() -> Any:
-            return export(pattern, example_inputs, is_cuda, **kwargs)
-
-        return call() if key is None else graphs.get(key, call)
-
-    memoized.memoized = True  # type: ignore[attr-defined]
-    return memoized
+    return memoized(export)
 
 
 def memoize_coreml_pattern_graphs() -> bool:
@@ -249,7 +172,7 @@ def memoize_coreml_pattern_graphs() -> bool:
     measured, 97 % of a ``coreml_static_int8`` test (about 60 s a lowering on 2 cores, twice
     per test). A pattern's graph depends only on its module's code, the values its ``forward``
     closes over (the operator and activation functions, flags) and the shapes and dtypes of
-    its example inputs (:func:`_pattern_key`). The example inputs are still drawn by the
+    its example inputs (``pattern_key``). The example inputs are still drawn by the
     quantizer (``torch.randn``), so the random generator moves as without the memo. It changes
     only the quantize stage, which runs before any partitioner and is the same code for both
     runs of a test; the lowerings compared are untouched. ``tests/test_conformance.py`` checks
@@ -259,7 +182,7 @@ def memoize_coreml_pattern_graphs() -> bool:
         from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
     except ImportError:
         return False
-    utils._get_aten_graph_module = _memoized_pattern_export(utils._get_aten_graph_module)
+    utils._get_aten_graph_module = memoized_pattern_export(utils._get_aten_graph_module)
     return True
 
 
@@ -278,79 +201,18 @@ def memoize_xnnpack_pattern_graphs() -> bool:
         from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils as utils
     except ImportError:
         return False
-    utils._get_aten_graph_module_for_pattern = _memoized_pattern_export(
+    utils._get_aten_graph_module_for_pattern = memoized_pattern_export(
         utils._get_aten_graph_module_for_pattern)
     return True
 
 
-class _PendingExport:
-    """What the memoized ``export`` of :func:`memoize_vulkan_pattern_graphs` returns: the
-    export call, made only when ``to_edge`` misses."""
-
-    def __init__(self, key: tuple[Any, ...], call: Callable[[], Any]) -> None:
-        self.key = key
-        self.call = call
-
-
-def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
-    """Build each of Vulkan's fusion pattern graphs once per process; returns the function that
-    puts the unmemoized ones back, or None when the Vulkan backend does not import.
-
-    ``VulkanPartitioner.partition`` and ``VulkanBackend.preprocess`` both call every registered
-    pattern's graph function (``patterns.all_fusable_graph_patterns``,
-    ``replace_all_fusable_subgraphs``), and the two rotary-embedding ones (``rope``,
-    ``rope_hf``) export and ``to_edge`` three small modules on each call: measured, 70 % of a
-    ``vulkan`` test (about 13 of 18 s a lowering on 2 cores). Their ``lru_cache`` does not
-    apply: it wraps the function after ``register_pattern_graph`` registered the bare one.
-    Here the two modules' ``export`` and ``to_edge`` are memoized together, keyed as in
-    :func:`_pattern_key` plus ``to_edge``'s arguments: the first use of a key gets what the
-    real calls made, each later one a deep copy of it. The example inputs are still drawn
-    (``torch.randn``) by the pattern functions, so the random generator moves as without the
-    memo. It is installed in this process (the local flows, and the twins' preprocess) and
-    in the server :func:`serve` starts (the twins' partition), so both runs of a test use
-    it; ``--no-memo`` runs without it. ``tests/test_conformance.py`` checks that the graphs
-    and the generator are the same with and without it.
-    """
-    try:
-        from executorch.backends.vulkan.patterns import rope, rope_hf
-    except ImportError:
-        return None
-    modules = (rope, rope_hf)
-    if getattr(rope.to_edge, "memoized", False):
-        return lambda: None
-    originals = [(m, m.export, m.to_edge) for m in modules]
-    real_export, real_to_edge = rope.export, rope.to_edge
-    assert all(m.export is real_export and m.to_edge is real_to_edge for m in modules)
-    edges = _GraphMemo()
-
-    def export(module: Any, args: tuple[Any, ...], **kwargs: Any) -> Any:
-        key = _pattern_key(module, args, tuple(sorted(kwargs.items())))
-        if key is None:
-            return real_export(module, args, **kwargs)
-        return _PendingExport(key, lambda: real_export(module, args, **kwargs))
-
-    def to_edge(program: Any, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(program, _PendingExport):
-            return real_to_edge(program, *args, **kwargs)
-        key = (program.key, repr(args), repr(sorted(kwargs.items())))
-        # A miss is the pattern function's own calls, exactly: it gets what they made.
-        return edges.get(key, lambda: real_to_edge(program.call(), *args, **kwargs))
-
-    to_edge.memoized = True  # type: ignore[attr-defined]
-    for m in modules:
-        m.export, m.to_edge = export, to_edge
-
-    def restore() -> None:
-        for m, e, t in originals:
-            m.export, m.to_edge = e, t
-
-    return restore
-
-
 def install_memos() -> None:
     """Install every memo of the backends' pattern graphs whose backend imports
-    (:func:`memoize_coreml_pattern_graphs`, :func:`memoize_xnnpack_pattern_graphs`,
-    :func:`memoize_vulkan_pattern_graphs`)."""
+    (:func:`memoize_coreml_pattern_graphs`, :func:`memoize_xnnpack_pattern_graphs`, and
+    Vulkan's, which ``remote-partitioner serve`` installs too:
+    ``remote_partitioner.server.pattern_memo.memoize_vulkan_pattern_graphs``)."""
+    from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
+
     memoize_coreml_pattern_graphs()
     memoize_xnnpack_pattern_graphs()
     memoize_vulkan_pattern_graphs()
@@ -891,12 +753,14 @@ SERVE_WITH_MEMOS = "--serve-with-memos"
 def serve(startup_seconds: float = 240, memoize: bool = True) -> Iterator[str]:
     """``remote-partitioner serve`` on a free loopback port; yields its target. With
     ``memoize``, the server process has the pattern graph memos the runner has
-    (:func:`install_memos`), so that local and remote lowerings run the same code."""
+    (:func:`install_memos`), so that local and remote lowerings run the same code; without,
+    it has none (``serve --no-pattern-memo``)."""
     log = open(os.devnull, "w")  # noqa: SIM115 - closed below
     command = ([sys.executable, str(Path(__file__).resolve()), SERVE_WITH_MEMOS] if memoize
                else [sys.executable, "-m", "remote_partitioner.cli"])
     proc = subprocess.Popen(
-        [*command, "serve", "--address", "127.0.0.1:0"],
+        [*command, "serve", "--address", "127.0.0.1:0",
+         *([] if memoize else ["--no-pattern-memo"])],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )

@@ -1,0 +1,180 @@
+"""Build ExecuTorch backends' fusion pattern graphs once per process.
+
+Some of ExecuTorch's partitioners and backends build small pattern graphs with
+``torch.export`` (and ``to_edge``) on every call, whatever the program they are given, and
+that can be most of the call: Vulkan's rotary-embedding patterns are about 80 % of a small
+model's ``VulkanPartitioner.partition`` plus ``VulkanBackend.preprocess`` on 2 cores.
+A pattern graph depends only on the pattern module's code, the values it closes over and the
+shapes and dtypes of its example inputs (:func:`pattern_key`), so a process can build each
+once and hand out deep copies afterwards: the same graphs, node names and targets as a fresh
+build. The example inputs are still drawn by the backend's own code (``torch.randn``), so
+torch's random generator moves exactly as without the memo; a caller's generator state, which
+the server carries to the hooks and back, is untouched by it.
+
+Contract of every memo here: the first use of a key gets what the backend's own calls made
+(a miss is exactly the unmemoized call); each later use gets a deep copy of it, taken when it
+was made, before any caller could change it. A pattern without a key (one holding parameters,
+buffers or submodules, or whose key does not hash) is built every time. Memos are thread-safe:
+a server runs hooks concurrently.
+
+``remote-partitioner serve`` installs :func:`memoize_vulkan_pattern_graphs` in its own process
+(``--no-pattern-memo`` turns it off); :func:`~remote_partitioner.server.app.create_server`
+does not, as it may run in a process whose modules are not the server's to patch.
+``tests/test_pattern_memo.py`` checks that the graphs and the generator are the same with
+and without it, and that a memoized server lowers to the local, unmemoized ``.pte``.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+def pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, ...] | None:
+    """The key of building a graph from the pattern module ``pattern`` with
+    ``example_inputs``: the code of its class's functions and the values they close over,
+    the class's other attributes, the instance's own attributes, the shapes, dtypes, layouts
+    and ``requires_grad`` of the example inputs, and ``extra``.
+
+    Returns None (build it every time) when the module holds parameters, buffers or
+    submodules, its class derives from another class than ``torch.nn.Module``, an example
+    input is not a tensor, or the key does not hash.
+    """
+    import torch
+
+    cls = type(pattern)
+    if (cls.__bases__ != (torch.nn.Module,)
+            or pattern._parameters or pattern._buffers or pattern._modules
+            or not all(isinstance(x, torch.Tensor) for x in example_inputs)):
+        return None
+
+    def members(namespace: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        """A namespace's items, a function by its code and the values it closes over
+        (``super()`` closes over the class itself: a class made per call is the same pattern
+        each time)."""
+        items = []
+        for name, value in sorted(namespace.items()):
+            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if callable(function) and hasattr(function, "__code__"):
+                value = (function.__code__,
+                         tuple("__class__" if c.cell_contents is cls else c.cell_contents
+                               for c in function.__closure__ or ()))
+            items.append((name, value))
+        return tuple(items)
+
+    # The instance's own attributes (torchao's WrapperModule holds the pattern function).
+    attributes = {k: v for k, v in pattern.__dict__.items()
+                  if k not in torch.nn.Module().__dict__}
+    try:
+        key = (members(vars(cls)), members(attributes),
+               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
+               extra)
+        hash(key)
+    except (TypeError, ValueError):  # an unhashable value, or a closure cell not yet filled
+        return None
+    return key
+
+
+class GraphMemo:
+    """Graphs by key, thread-safe: the first use of a key gets what ``make`` made; each later
+    use a deep copy of it, taken when it was made (before the caller changes it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._graphs: dict[tuple[Any, ...], Any] = {}
+
+    def get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """The graph of ``key``, made by ``make()`` on a miss (outside the lock: two threads
+        that miss together both make it, and the first one stored is kept)."""
+        with self._lock:
+            hit = self._graphs.get(key)
+        if hit is not None:
+            return copy.deepcopy(hit)
+        made = make()
+        with self._lock:
+            self._graphs.setdefault(key, copy.deepcopy(made))
+        return made
+
+
+def memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
+    """``export(pattern, example_inputs, is_cuda=False, **kwargs)``, a quantizer's function
+    that exports a pattern module, memoized by :func:`pattern_key`. Returns ``export`` itself
+    if it is already memoized."""
+    if getattr(export, "memoized", False):
+        return export
+    graphs = GraphMemo()
+
+    def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False, **kwargs: Any) -> Any:
+        key = pattern_key(pattern, example_inputs, is_cuda, tuple(sorted(kwargs.items())))
+
+        # A miss (or a pattern without a key) is the quantizer's own call, exactly.
+        def call() -> Any:
+            return export(pattern, example_inputs, is_cuda, **kwargs)
+
+        return call() if key is None else graphs.get(key, call)
+
+    memoized.memoized = True  # type: ignore[attr-defined]
+    return memoized
+
+
+class _PendingExport:
+    """What the memoized ``export`` of :func:`memoize_vulkan_pattern_graphs` returns: the
+    export call, made only when ``to_edge`` misses."""
+
+    def __init__(self, key: tuple[Any, ...], call: Callable[[], Any]) -> None:
+        self.key = key
+        self.call = call
+
+
+def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
+    """Build each of Vulkan's fusion pattern graphs once per process; returns the function
+    that puts the unmemoized ones back (a no-op when the memo was already installed), or
+    None when the Vulkan backend does not import.
+
+    ``VulkanPartitioner.partition`` and ``VulkanBackend.preprocess`` both call every
+    registered pattern's graph function (``patterns.all_fusable_graph_patterns``,
+    ``replace_all_fusable_subgraphs``), and the two rotary-embedding ones (``rope``,
+    ``rope_hf``) export and ``to_edge`` three small modules on each call. Their
+    ``lru_cache`` does not apply: it wraps the function after ``register_pattern_graph``
+    registered the bare one. Here the two modules' ``export`` and ``to_edge`` are memoized
+    together, keyed as in :func:`pattern_key` plus ``to_edge``'s arguments: an ``export``
+    whose ``to_edge`` hits the memo is never run.
+    """
+    try:
+        from executorch.backends.vulkan.patterns import rope, rope_hf
+    except ImportError:
+        return None
+    modules = (rope, rope_hf)
+    if getattr(rope.to_edge, "memoized", False):
+        return lambda: None
+    originals = [(m, m.export, m.to_edge) for m in modules]
+    real_export, real_to_edge = rope.export, rope.to_edge
+    if not all(m.export is real_export and m.to_edge is real_to_edge for m in modules):
+        raise RuntimeError("Vulkan's rope patterns no longer share export and to_edge: the "
+                           "pattern memo does not know this ExecuTorch")
+    edges = GraphMemo()
+
+    def export(module: Any, args: tuple[Any, ...], **kwargs: Any) -> Any:
+        key = pattern_key(module, args, tuple(sorted(kwargs.items())))
+        if key is None:
+            return real_export(module, args, **kwargs)
+        return _PendingExport(key, lambda: real_export(module, args, **kwargs))
+
+    def to_edge(program: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(program, _PendingExport):
+            return real_to_edge(program, *args, **kwargs)
+        key = (program.key, repr(args), repr(sorted(kwargs.items())))
+        # A miss is the pattern function's own calls, exactly: it gets what they made.
+        return edges.get(key, lambda: real_to_edge(program.call(), *args, **kwargs))
+
+    to_edge.memoized = True  # type: ignore[attr-defined]
+    for m in modules:
+        m.export, m.to_edge = export, to_edge
+
+    def restore() -> None:
+        for m, e, t in originals:
+            m.export, m.to_edge = e, t
+
+    return restore

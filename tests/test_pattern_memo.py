@@ -1,0 +1,97 @@
+"""The pattern graph memo (``remote_partitioner.server.pattern_memo``) that ``remote-partitioner
+serve`` installs: the same graphs, node names and random numbers as ExecuTorch's own builds, and
+a memoized server lowers to the ``.pte`` an unmemoized local lowering gives."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from models import small_models
+from torch.export import ExportedProgram, export
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
+
+pytest.importorskip("executorch.backends.vulkan.patterns")
+
+
+def test_memoized_vulkan_pattern_graphs_are_the_same() -> None:
+    """From the same seed, Vulkan's registered pattern functions give the same graphs (code,
+    node names and targets), and leave the same random generator, without the memo, on its
+    first use (a miss) and from the memo alone (a hit: nothing exported); and the memo can
+    be taken out again."""
+    from executorch.backends.vulkan.patterns import fusable_patterns, rope, rope_hf
+
+    assert not getattr(rope.to_edge, "memoized", False), "this process must start unmemoized"
+    functions = [e.get_graphs_fn for e in fusable_patterns.values() if e.get_graphs_fn]
+    assert {f.__name__ for f in functions} >= {"get_rope_graphs", "get_hf_rope_graphs"}
+
+    def graphs() -> tuple[list[str], list[list[tuple[str, str]]], torch.Tensor]:
+        torch.manual_seed(11)
+        built = [g for f in functions for g in f()]
+        nodes = [[(n.name, str(n.target)) for n in g.graph.nodes] for g in built]
+        return [g.code for g in built], nodes, torch.get_rng_state()
+
+    original = rope.export
+    exports: list[object] = []
+
+    def export_counted(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return original(*args, **kwargs)
+
+    rope.export = rope_hf.export = export_counted
+    try:
+        code, nodes, rng = graphs()
+        unmemoized = len(exports)
+        assert unmemoized >= 3
+        restore = memoize_vulkan_pattern_graphs()
+        assert restore is not None
+        try:
+            assert memoize_vulkan_pattern_graphs() is not None  # installing twice: a no-op
+            for expected_exports in (2 * unmemoized, 2 * unmemoized):  # a miss, then a hit
+                memo_code, memo_nodes, memo_rng = graphs()
+                assert len(exports) == expected_exports
+                assert memo_code == code
+                assert memo_nodes == nodes
+                assert torch.equal(memo_rng, rng)
+        finally:
+            restore()
+        graphs()
+        assert len(exports) == 3 * unmemoized  # exported again once restored
+    finally:
+        rope.export = rope_hf.export = original
+
+
+def _conv() -> ExportedProgram:
+    model, inputs = small_models()["conv"]
+    torch.manual_seed(0)
+    return export(model.eval(), inputs, strict=True)
+
+
+@pytest.mark.slow  # three Vulkan lowerings, the local one unmemoized (> 5 s)
+def test_memoized_server_lowers_to_the_unmemoized_local_pte(server_address: str) -> None:
+    """The server (which has the memo) partitions and preprocesses for Vulkan, twice (its
+    memo misses, then hits): each time the ``.pte`` and the random generator after lowering
+    are those of a local lowering in this process, which has no memo."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.backends.vulkan.patterns import rope
+    from executorch.exir import to_edge_transform_and_lower
+
+    assert not getattr(rope.to_edge, "memoized", False), "the local lowering must be unmemoized"
+    ep = _conv()
+    torch.manual_seed(5)
+    local = to_edge_transform_and_lower(
+        copy.deepcopy(ep), partitioner=[VulkanPartitioner()]
+    ).to_executorch().buffer
+    local_next = torch.randn(8)
+    for _ in range(2):
+        remote = RemotePartitioner(server_address, "vulkan", remote_preprocess=True, timeout=600)
+        torch.manual_seed(5)
+        got = to_edge_transform_and_lower(
+            copy.deepcopy(ep), partitioner=[remote]
+        ).to_executorch().buffer
+        assert got == local
+        assert torch.equal(torch.randn(8), local_next)
+        assert remote.stats["preprocess_calls"] >= 1
