@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 
@@ -46,18 +47,29 @@ def _bilstm() -> ExportedProgram:
     return export(_BiLSTM().eval(), (torch.randn(1, 10, 64),), strict=True)
 
 
-def test_multi_output_node_names_survive_edge_round_trip() -> None:
-    """Every program ``to_edge_transform_and_lower`` hands ``ops_to_not_decompose`` (the last
-    ones hold delegates whose outputs feed several ``split_with_sizes_copy`` nodes) decodes
-    with the client's node names, the multi-output nodes included."""
+@pytest.fixture(scope="module")
+def local_bilstm() -> tuple[bytes, list[ExportedProgram]]:
+    """The bidirectional LSTM lowered by the local XNNPACK partitioner: its ``.pte``, and every
+    program ``to_edge_transform_and_lower`` handed the partitioner's ``ops_to_not_decompose``
+    (the last ones hold delegates whose outputs feed several ``split_with_sizes_copy``
+    nodes)."""
     seen: list[ExportedProgram] = []
 
     class Recording(XnnpackPartitioner):  # type: ignore[misc]
         def ops_to_not_decompose(self, ep: ExportedProgram) -> object:
-            seen.append(ep)
+            seen.append(copy.deepcopy(ep))  # as handed (to_executorch changes it later)
             return super().ops_to_not_decompose(ep)
 
-    to_edge_transform_and_lower(_bilstm(), partitioner=[Recording()])
+    pte = to_edge_transform_and_lower(_bilstm(), partitioner=[Recording()]).to_executorch().buffer
+    return bytes(pte), seen
+
+
+def test_multi_output_node_names_survive_edge_round_trip(
+    local_bilstm: tuple[bytes, list[ExportedProgram]],
+) -> None:
+    """Every program ``to_edge_transform_and_lower`` hands ``ops_to_not_decompose`` decodes
+    with the client's node names, the multi-output nodes included."""
+    _, seen = local_bilstm
     edge_with_delegates = [
         ep for ep in seen
         if any("executorch_call_delegate" in str(n.target) for n in ep.graph.nodes)
@@ -78,14 +90,12 @@ def test_multi_output_node_names_survive_edge_round_trip() -> None:
             ]
 
 
-@pytest.mark.slow
-def test_bidirectional_lstm_lowers_identically(server_address: str) -> None:
-    ep = _bilstm()
-    local = to_edge_transform_and_lower(
-        copy.deepcopy(ep), partitioner=[XnnpackPartitioner()]
-    ).to_executorch().buffer
+def test_bidirectional_lstm_lowers_identically(
+    server_address: str, local_bilstm: tuple[bytes, list[ExportedProgram]],
+) -> None:
+    local, _ = local_bilstm
     remote = to_edge_transform_and_lower(
-        ep, partitioner=[RemotePartitioner(server_address, "xnnpack")]
+        _bilstm(), partitioner=[RemotePartitioner(server_address, "xnnpack")]
     ).to_executorch().buffer
     assert remote == local
 
@@ -120,15 +130,21 @@ PLUGIN = HostedPartitioner(
 
 @pytest.fixture(scope="module")
 def drawing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, type]]:
-    """A server hosting ``xnnpack_drawing`` (an entry-point plugin from a temporary
-    distribution), and the plugin's partitioner class for the local lowering."""
+    """A server hosting ``xnnpack_drawing`` and the backend ``DrawingBackend`` (entry-point
+    plugins from two temporary distributions, ``_PLUGIN`` and ``_DRAWING_BACKEND``), and the
+    plugin's partitioner class for the local lowering."""
     root = tmp_path_factory.mktemp("rng_plugin")
-    entry_point = "xnnpack_drawing = rp_rng_plugin:PLUGIN"
-    with plugin_distribution(root, "rp_rng_plugin", _PLUGIN, entry_point):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(plugin_distribution(
+            root, "rp_rng_plugin", _PLUGIN, "xnnpack_drawing = rp_rng_plugin:PLUGIN"))
+        stack.enter_context(plugin_distribution(
+            root, "rp_rng_backend", _DRAWING_BACKEND, "drawing = rp_rng_backend:DrawingBackend",
+            group="remote_partitioner.backends"))
+        import rp_rng_backend  # type: ignore[import-not-found]  # noqa: F401 (the local class)
         import rp_rng_plugin  # type: ignore[import-not-found]
 
-        with _serve(tmp_path_factory) as (_, target):
-            yield target, rp_rng_plugin.DrawingXnnpackPartitioner
+        _, target = stack.enter_context(_serve(tmp_path_factory))
+        yield target, rp_rng_plugin.DrawingXnnpackPartitioner
 
 
 def _linear() -> ExportedProgram:
@@ -206,7 +222,7 @@ class DrawingBackend(BackendDetails):
 
 
 def test_remote_preprocess_leaves_the_generator_as_local_one(
-    tmp_path_factory: pytest.TempPathFactory,
+    drawing_server: tuple[str, type],
 ) -> None:
     """Seed, preprocess on the server, draw: the numbers a local preprocess leaves. (Vulkan's
     preprocess draws on every call, while it traces its fusion patterns: the conformance
@@ -215,28 +231,22 @@ def test_remote_preprocess_leaves_the_generator_as_local_one(
 
     from remote_partitioner.client import to_backend_remotely
 
-    root = tmp_path_factory.mktemp("rng_backend")
-    entry_point = "drawing = rp_rng_backend:DrawingBackend"
-    with plugin_distribution(root, "rp_rng_backend", _DRAWING_BACKEND, entry_point,
-                             group="remote_partitioner.backends"):
-        import rp_rng_backend  # type: ignore[import-not-found]  # noqa: F401 (the local class)
-
-        with _serve(tmp_path_factory) as (_, target):
-            ep = to_edge(_linear()).exported_program()
-            client = RemotePartitioner(target, "", timeout=600)
-            # Once each, so that what the first preprocess in a process draws (XNNPACK's lazily
-            # built patterns) is behind both measured ones, here and on the server.
-            to_backend("DrawingBackend", copy.deepcopy(ep), [])
-            to_backend_remotely(client, "DrawingBackend", copy.deepcopy(ep), [])
-            torch.manual_seed(99)
-            local = to_backend("DrawingBackend", copy.deepcopy(ep), [])
-            local_next = torch.randn(4)
-            torch.manual_seed(99)
-            undrawn_next = torch.randn(4)
-            assert not torch.equal(local_next, undrawn_next), "the backend draws nothing"
-            torch.manual_seed(99)
-            remote = to_backend_remotely(client, "DrawingBackend", ep, [])
-            remote_next = torch.randn(4)
+    target, _ = drawing_server
+    ep = to_edge(_linear()).exported_program()
+    client = RemotePartitioner(target, "", timeout=600)
+    # Once each, so that what the first preprocess in a process draws (XNNPACK's lazily built
+    # patterns) is behind both measured ones, here and on the server.
+    to_backend("DrawingBackend", copy.deepcopy(ep), [])
+    to_backend_remotely(client, "DrawingBackend", copy.deepcopy(ep), [])
+    torch.manual_seed(99)
+    local = to_backend("DrawingBackend", copy.deepcopy(ep), [])
+    local_next = torch.randn(4)
+    torch.manual_seed(99)
+    undrawn_next = torch.randn(4)
+    assert not torch.equal(local_next, undrawn_next), "the backend draws nothing"
+    torch.manual_seed(99)
+    remote = to_backend_remotely(client, "DrawingBackend", ep, [])
+    remote_next = torch.randn(4)
     assert client.stats["preprocess_calls"] == 2
     assert remote.processed_bytes == local.processed_bytes
     assert torch.equal(remote_next, local_next)

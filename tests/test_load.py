@@ -1,7 +1,8 @@
 """Load: stalled and slow streams cost the server memory, not its ability to serve.
 
-Each test starts ``remote-partitioner serve`` in its own process on a free loopback port and
-holds streams open against it from this process (``grpc.aio`` clients on an event loop of
+The tests run ``remote-partitioner serve`` in its own process on a free loopback port, one
+server per set of flags (tests that ask for the same flags share it: each leaves no stream
+open), and hold streams open against it from this process (``grpc.aio`` clients on an event loop of
 their own, so that hundreds of streams cost this process no threads either). Every loop is
 bounded in count and time, and every stream is cancelled when the test ends.
 """
@@ -60,13 +61,27 @@ def local_pte() -> bytes:
     return lower_pte(XnnpackPartitioner())
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
+    """``servers(*flags)``: the target of this module's server process with those flags,
+    started on first use; all of them stopped when the module is done."""
+    with contextlib.ExitStack() as stack:
+        started: dict[tuple[str, ...], str] = {}
+
+        def server_with(*flags: str) -> str:
+            if flags not in started:
+                started[flags] = stack.enter_context(_serve(tmp_path_factory, *flags))[1]
+            return started[flags]
+
+        yield server_with
+
+
 @pytest.fixture()
-def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-           ) -> Iterator[str]:
-    """A server process with the flags the test's ``server_args`` marker names."""
+def server(servers: Callable[..., str], request: pytest.FixtureRequest) -> str:
+    """A server process with the flags the test's ``server_args`` marker names, shared with
+    the tests that name the same."""
     marker = request.node.get_closest_marker("server_args")
-    with _serve(tmp_path_factory, *(marker.args if marker else ())) as (_, target):
-        yield target
+    return servers(*(marker.args if marker else ()))
 
 
 @pytest.mark.slow

@@ -189,10 +189,17 @@ def _local_partitioner(plugin: object, name: str) -> object:
     raise KeyError(name)
 
 
+@pytest.fixture(scope="module")
+def shapes_pte(peeking_server: tuple[str, object]) -> bytes:
+    """The local ``.pte`` of ``peek_shapes``, which says yes from shapes and dtypes alone:
+    what any peek that says yes lowers to (the delegated one)."""
+    return _local_pte(_local_partitioner(peeking_server[1], "peek_shapes"), _program())
+
+
 @slow
 @pytest.mark.parametrize("how", READS)
 def test_value_reading_hook_gets_the_local_answer(
-    peeking_server: tuple[str, object], how: str
+    peeking_server: tuple[str, object], shapes_pte: bytes, how: str
 ) -> None:
     """Each way of reading weight values, its exception swallowed, is noticed: the server asks
     for the data and the remote ``.pte`` equals the local one (which is delegated: the peek
@@ -200,8 +207,7 @@ def test_value_reading_hook_gets_the_local_answer(
     target, plugin = peeking_server
     ep = _program()
     local = _local_pte(_local_partitioner(plugin, f"peek_{how}"), ep)
-    undelegated = _local_pte(_local_partitioner(plugin, "peek_shapes"), ep)
-    assert local == undelegated, "the peek said no locally: the test shows nothing"
+    assert local == shapes_pte, "the peek said no locally: the test shows nothing"
 
     remote = RemotePartitioner(target, f"peek_{how}")
     pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
@@ -225,12 +231,14 @@ def test_peek_would_differ_on_fakes(peeking_server: tuple[str, object]) -> None:
 
 
 @slow
-def test_metadata_only_hooks_send_no_tensor_bytes(peeking_server: tuple[str, object]) -> None:
+def test_metadata_only_hooks_send_no_tensor_bytes(
+    peeking_server: tuple[str, object], shapes_pte: bytes
+) -> None:
     """A partitioner that looks only at shapes and dtypes gets its answer from the withheld
     program: no tensor data is asked for or uploaded, and the ``.pte`` is the local one."""
-    target, plugin = peeking_server
+    target, _ = peeking_server
     ep = _program()
-    local = _local_pte(_local_partitioner(plugin, "peek_shapes"), ep)
+    local = shapes_pte
     remote = RemotePartitioner(target, "peek_shapes")
     pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
     assert pte == local
