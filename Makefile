@@ -56,7 +56,7 @@ lint: venv
 	@cp -r cli proto server client build/mypy/remote_partitioner/
 	@rm -rf build/mypy/remote_partitioner/client/node
 	@touch build/mypy/remote_partitioner/__init__.py
-	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml \
+	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml --cache-dir ../mypy-cache \
 		-p remote_partitioner.cli -p remote_partitioner.server -p remote_partitioner.client \
 		-p remote_partitioner.proto.codec -m remote_partitioner.proto.errors \
 		-m remote_partitioner.proto.spec -m remote_partitioner.proto.graph_check \

@@ -6,13 +6,16 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import grpc
 import pytest
@@ -81,46 +84,89 @@ def plugin_distribution(
             os.environ["PYTHONPATH"] = saved
 
 
-@contextlib.contextmanager
-def _serve(
-    tmp_path_factory: pytest.TempPathFactory, *args: str
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1. Its log
-    goes to a file (a pipe nobody reads would fill up and block the server)."""
-    log = (tmp_path_factory.mktemp("server") / "server.log").open("w+")
+def _start(log_dir: Path, *args: str) -> tuple[subprocess.Popen[str], IO[str]]:
+    """Start `remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1,
+    without waiting for it; returns the process and its log file. The log goes to a file (a
+    pipe nobody reads would fill up and block the server)."""
+    log = (log_dir / "server.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "remote_partitioner.cli", "serve",
          "--address", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + STARTUP_SECONDS
-    line = proc.stdout.readline()
-    match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
-    if match is None:
-        proc.kill()
-        proc.communicate(timeout=30)
-        log.seek(0)
-        raise RuntimeError(f"server did not start: {line!r}\n{log.read()[-4000:]}")
-    target = match.group(1)
-    wait_serving(target, deadline)
-    yield proc, target
-    proc.terminate()
+    return proc, log
+
+
+@contextlib.contextmanager
+def _served(proc: subprocess.Popen[str], log: IO[str]
+            ) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Wait until the server :func:`_start` started is SERVING; yield it and its target;
+    stop it on exit."""
     try:
-        proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + STARTUP_SECONDS
+        line = proc.stdout.readline()
+        match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
+        if match is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+            log.seek(0)
+            raise RuntimeError(f"server did not start: {line!r}\n{log.read()[-4000:]}")
+        target = match.group(1)
+        wait_serving(target, deadline)
+        yield proc, target
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        log.close()
+
+
+@contextlib.contextmanager
+def _serve(
+    tmp_path_factory: pytest.TempPathFactory, *args: str
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1,
+    SERVING; yields (process, target) and stops it on exit."""
+    with _served(*_start(tmp_path_factory.mktemp("server"), *args)) as served:
+        yield served
+
+
+#: The session server, started when the session starts (:func:`pytest_sessionstart`) so that
+#: its imports (about 10 s) run on the other core while this process collects the tests;
+#: :func:`server_process` takes it. Its log's directory.
+_EARLY_SERVER: list[tuple[subprocess.Popen[str], IO[str]]] = []
+_EARLY_LOG_DIR: list[Path] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _EARLY_LOG_DIR.append(Path(tempfile.mkdtemp(prefix="rp-session-server-")))
+    _EARLY_SERVER.append(_start(_EARLY_LOG_DIR[0]))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _EARLY_SERVER:  # no test asked for it: stop it
+        proc, log = _EARLY_SERVER.pop()
         proc.kill()
-        proc.communicate()
-    log.close()
+        proc.communicate(timeout=30)
+        log.close()
+    while _EARLY_LOG_DIR:
+        shutil.rmtree(_EARLY_LOG_DIR.pop(), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def server_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`remote-partitioner serve` with default settings, shared by the session."""
-    with _serve(tmp_path_factory) as served:
+    """`remote-partitioner serve` with default settings, shared by the session (started with
+    the session)."""
+    started = _EARLY_SERVER.pop() if _EARLY_SERVER else _start(tmp_path_factory.mktemp("server"))
+    with _served(*started) as served:
         yield served
 
 

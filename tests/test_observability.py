@@ -11,7 +11,7 @@ import logging
 import re
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,18 @@ def scrape(port: int) -> Samples:
 def value(samples: Samples, name: str, **labels: str) -> float:
     """A sample's value; 0 when absent (a label set never used)."""
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def scrape_settled(port: int, done: Callable[[Samples], bool]) -> Samples:
+    """:func:`scrape` once ``done`` holds of it, or after 5 s. The server counts a call when
+    its handler is done, which can be just after the client got the call's status (a stream's
+    abort, above all): a bounded wait, not a race."""
+    for _ in range(100):
+        samples = scrape(port)
+        if done(samples):
+            break
+        time.sleep(0.05)
+    return samples
 
 
 def requests(samples: Samples, rpc: str, code: str, partitioner: str = "") -> float:
@@ -199,7 +211,8 @@ def test_metrics_of_real_calls(served: Served) -> None:
         list(stub.ReadBlobs(pb.ReadBlobsRequest(digests=[digest(b)]), timeout=TIMEOUT))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
-    s = scrape(served.metrics_port)
+    s = scrape_settled(served.metrics_port,
+                       lambda s: requests(s, "ReadBlobs", "NOT_FOUND") == 1)
     assert requests(s, "ListPartitioners", "OK") == 1
     assert requests(s, "FindMissingBlobs", "OK") == 2
     assert requests(s, "UploadBlobs", "OK") == 1
@@ -234,7 +247,8 @@ def test_metrics_of_real_calls(served: Served) -> None:
         remote.close()
     assert result.partition_tags
 
-    after = scrape(served.metrics_port)
+    after = scrape_settled(served.metrics_port,
+                           lambda s: requests(s, "Partition", "OK", "xnnpack") == 1)
     # The client asks first by reference alone; the server lacks the program (BLOB_MISSING),
     # the client uploads it and asks again.
     assert requests(after, "Partition", "FAILED_PRECONDITION", "xnnpack") == 1

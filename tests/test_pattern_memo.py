@@ -17,6 +17,7 @@ from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
 pytest.importorskip("executorch.backends.vulkan.patterns")
 
 
+@pytest.mark.slow  # builds the patterns four times (> 10 s)
 def test_memoized_vulkan_pattern_graphs_are_the_same() -> None:
     """From the same seed, Vulkan's registered pattern functions give the same graphs (code,
     node names and targets), and leave the same random generator, without the memo, on its

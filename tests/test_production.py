@@ -288,6 +288,7 @@ def test_overload_is_refused_with_retry_info_and_the_client_retries() -> None:
         s.close()
 
 
+@pytest.mark.slow  # waits for a slow partition to end (> 5 s)
 def test_deadline_passed_while_waiting() -> None:
     s = Server()
     try:

@@ -158,7 +158,7 @@ def _same_program(got: ExportedProgram, ref: ExportedProgram) -> None:
 
 
 #: Round trips `make test-fast` leaves out (a few seconds each; `make test` runs them).
-SLOW_MODELS = ("cond", "dynamic", "buffers")
+SLOW_MODELS = ("cond", "dynamic", "buffers", "tied")
 
 
 def _lowered(ep: ExportedProgram) -> bytes:
