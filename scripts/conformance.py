@@ -45,6 +45,11 @@ from typing import Any
 
 import pytest
 
+from remote_partitioner.server.pattern_memo import (
+    memoize_vulkan_pattern_graphs,
+    memoized_pattern_export,
+)
+
 #: The flows whose partitioners the server hosts.
 HOSTED_FLOWS = (
     "xnnpack", "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
@@ -155,14 +160,6 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
-def memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
-    """The server's memo of a quantizer's pattern export
-    (``remote_partitioner.server.pattern_memo.memoized_pattern_export``)."""
-    from remote_partitioner.server.pattern_memo import memoized_pattern_export as memoized
-
-    return memoized(export)
-
-
 def memoize_coreml_pattern_graphs() -> bool:
     """Export each of the Core ML quantizer's pattern graphs once per process; False when
     the quantizer does not import.
@@ -211,8 +208,6 @@ def install_memos() -> None:
     (:func:`memoize_coreml_pattern_graphs`, :func:`memoize_xnnpack_pattern_graphs`, and
     Vulkan's, which ``remote-partitioner serve`` installs too:
     ``remote_partitioner.server.pattern_memo.memoize_vulkan_pattern_graphs``)."""
-    from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
-
     memoize_coreml_pattern_graphs()
     memoize_xnnpack_pattern_graphs()
     memoize_vulkan_pattern_graphs()
