@@ -145,6 +145,8 @@ _EARLY_LOG_DIR: list[Path] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return  # no test runs: a server would only compete with collection
     _EARLY_LOG_DIR.append(Path(tempfile.mkdtemp(prefix="rp-session-server-")))
     _EARLY_SERVER.append(_start(_EARLY_LOG_DIR[0]))
 

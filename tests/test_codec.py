@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import pickle
 import typing
@@ -73,7 +74,19 @@ def _programs() -> Iterator[tuple[str, ExportedProgram]]:
     yield "edge-cond", to_edge(cond).exported_program()
 
 
-PROGRAMS = dict(_programs())
+#: The names _programs() yields, in order: tests are parametrized over them without building them.
+PROGRAM_NAMES = (
+    "aten", "edge", "edge-fake", "edge-with-delegates",
+    "aten-dynamic", "edge-dynamic", "aten-cond", "edge-cond",
+)
+
+
+@functools.cache
+def programs() -> dict[str, ExportedProgram]:
+    """The test programs, built on first use (not at import: collecting any test would pay ~12 s)."""
+    built = dict(_programs())
+    assert tuple(built) == PROGRAM_NAMES, f"PROGRAM_NAMES is stale: {tuple(built)}"
+    return built
 
 
 def _roundtrip(ep: ExportedProgram) -> tuple[codec.EncodedProgram, ExportedProgram]:
@@ -92,9 +105,9 @@ def _comparable(value: Any) -> Any:
     return value
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", PROGRAM_NAMES)
 def test_roundtrip_is_structurally_identical(name: str) -> None:
-    ep = PROGRAMS[name]
+    ep = programs()[name]
     _, decoded = _roundtrip(ep)
     assert codec.first_difference(codec.fingerprint(ep), codec.fingerprint(decoded)) is None
     assert str(decoded.graph_signature) == str(ep.graph_signature)
@@ -124,7 +137,7 @@ def test_roundtrip_is_structurally_identical(name: str) -> None:
 
 
 def test_exir_serde_hazards_are_repaired() -> None:
-    edge = PROGRAMS["edge"]
+    edge = programs()["edge"]
     _, decoded = _roundtrip(edge)
     names = [n.name for n in decoded.graph.nodes]
     assert not [n for n in names if "_unused_" in n], "invented getitem nodes must be removed"
@@ -133,7 +146,7 @@ def test_exir_serde_hazards_are_repaired() -> None:
 
 
 def test_fake_tensors_cross_as_metadata_only() -> None:
-    fake = PROGRAMS["edge-fake"]
+    fake = programs()["edge-fake"]
     encoded, decoded = _roundtrip(fake)
     assert all(r.fake and not r.HasField("storage") for r in encoded.message.state_dict)
     param_bytes = sum(t.numel() * t.element_size() for t in fake.state_dict.values())
@@ -149,7 +162,7 @@ def test_decoding_never_unpickles(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the codec must not unpickle")
 
-    encoded = {name: codec.encode_program(ep) for name, ep in PROGRAMS.items()}
+    encoded = {name: codec.encode_program(ep) for name, ep in programs().items()}
     monkeypatch.setattr(pickle, "loads", refuse)
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(torch, "load", refuse)
@@ -171,7 +184,7 @@ def test_type_hints_are_memoized_only_while_deserializing() -> None:
         return real_dict_to_dataclass(cls, data)
 
     for name in ("aten", "edge-with-delegates"):
-        encoded = codec.encode_program(PROGRAMS[name])
+        encoded = codec.encode_program(programs()[name])
         assert typing.get_type_hints is original
         with pytest.MonkeyPatch.context() as m:
             m.setattr(tser, "_dict_to_dataclass", spy)
@@ -187,7 +200,7 @@ def test_type_hints_are_memoized_only_while_deserializing() -> None:
 
 
 def test_missing_blob_is_named() -> None:
-    encoded = codec.encode_program(PROGRAMS["edge"])
+    encoded = codec.encode_program(programs()["edge"])
     target = encoded.message.state_dict[0].storage
 
     def blobs(d: Any) -> Any:
@@ -219,7 +232,7 @@ def test_aten_graph_json_is_torchs_own() -> None:
     from torch._export.serde import serialize as tser
 
     torch.manual_seed(0)
-    for ep in (PROGRAMS["aten"], export(_Cond(), (torch.randn(4),), strict=True)):
+    for ep in (programs()["aten"], export(_Cond(), (torch.randn(4),), strict=True)):
         theirs = tser.serialize(
             ep, serialize_state_dict=False, serialize_constants=False,
             serialize_example_inputs=False,
@@ -247,7 +260,7 @@ def test_same_program_same_bytes_in_every_lowering() -> None:
 
 
 def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
-    ep = PROGRAMS["aten"]
+    ep = programs()["aten"]
     encoded = codec.encode_program(ep)
     writable = {h: bytearray(b) for h, b in encoded.blobs.items()}
     shared = codec.decode_program(encoded.message, lambda d: writable[d.hash])
@@ -261,7 +274,7 @@ def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
     assert torch.equal(copied.state_dict[name], before)
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", PROGRAM_NAMES)
 def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,7 +285,7 @@ def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
 
     from remote_partitioner.proto.codec import serializers
 
-    ep = PROGRAMS[name]
+    ep = programs()[name]
     fast = codec.encode_program(ep)
     originals = {"aten": tser._dataclass_to_dict, "edge": export_serialize._dataclass_to_dict}
     monkeypatch.setattr(serializers, "dataclass_to_dict", originals.__getitem__)
