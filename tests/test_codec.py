@@ -83,7 +83,7 @@ PROGRAM_NAMES = (
 
 @functools.cache
 def programs() -> dict[str, ExportedProgram]:
-    """The test programs, built on first use (not at import: collecting any test would pay ~12 s)."""
+    """The test programs, built on first use (at import, any collection would pay ~12 s)."""
     built = dict(_programs())
     assert tuple(built) == PROGRAM_NAMES, f"PROGRAM_NAMES is stale: {tuple(built)}"
     return built
