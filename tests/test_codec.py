@@ -294,3 +294,30 @@ def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
     assert [d.hash for d in codec.graph_digests(fast.message)] == [
         d.hash for d in codec.graph_digests(slow.message)]
     assert fast.message == slow.message
+
+
+def test_derived_dims_root_symbols_keep_their_hints() -> None:
+    """A derived dim (``Dim("h") * 16``) crosses as the expression ``16*s`` with its hint; the
+    decoded shape environment has the client's hint for ``s`` itself (an ATen and an Edge
+    program), so a guard its ranges cannot decide is evaluated as the client's would be."""
+    from test_conformance_regressions import derived_dims_program
+
+    aten = derived_dims_program()
+    for ep in (aten, to_edge(copy.deepcopy(aten)).exported_program()):
+        x = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == "x")
+        client_env = x.meta["val"].shape[2].node.shape_env
+        roots = {s for d in x.meta["val"].shape if isinstance(d, torch.SymInt)
+                 for s in d.node.expr.free_symbols}
+        assert len(roots) == 2 and not any(isinstance(d, int) for d in x.meta["val"].shape[2:])
+        back = _roundtrip(ep)[1]
+        y = next(n for n in back.graph.nodes if n.op == "placeholder" and n.name == "x")
+        env = y.meta["val"].shape[2].node.shape_env
+        assert {str(s): int(env.backed_var_to_val[s]) for s in env.backed_var_to_val
+                if s.is_Symbol and str(s) in {str(r) for r in roots}} == {
+            str(r): int(client_env.backed_var_to_val[r]) for r in roots}
+        # XNNPACK's partitioner asks every node whether it is empty: guards the value ranges
+        # cannot decide (``floor(s/2) - 1`` after three max-pools) are answered from the hints.
+        client = {n.name: bool(n.meta["val"].numel() == 0) for n in ep.graph.nodes
+                  if isinstance(n.meta.get("val"), torch.Tensor)}
+        assert {n.name: bool(n.meta["val"].numel() == 0) for n in back.graph.nodes
+                if isinstance(n.meta.get("val"), torch.Tensor)} == client

@@ -7,7 +7,11 @@
   names on the server (``test_lstm.py::test_lstm_bidirectional``: "Argument 'getitem_117' of
   Node 'aten_split_with_sizes_copy_default_10' was used before it has been defined!");
 * the random generator: a hook that draws from torch's global generator must leave the caller's
-  process in the state the local hook would have (the state crosses with the call and back).
+  process in the state the local hook would have (the state crosses with the call and back);
+* the hints of derived dims' root symbols: a dimension exported as ``Dim("h") * 16`` crosses as
+  the expression ``16*s`` and its hint, and the server's shape environment had no hint for
+  ``s``; XNNPACK's check of a size ``floor(s/2) - 1`` then raised a data-dependent error there
+  (``test_torchvision.py::test_alexnet`` with dynamic shapes: "KeyError: 's89'").
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from conftest import _serve, plugin_distribution  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
-from torch.export import ExportedProgram, export
+from torch.export import Dim, ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto import codec
@@ -288,3 +292,69 @@ def test_a_structseq_output_fails_remotely_as_locally(server_address: str) -> No
     assert type(remote.value) is type(local.value)
     assert type(local.value).__name__ == "SpecViolationError"  # ExecuTorch's own verdict
     assert str(remote.value) == str(local.value)
+
+
+# --- derived dims ----------------------------------------------------------------------------
+
+
+class Pools(torch.nn.Module):
+    """AlexNet's features, narrow: three convolution and max-pool stages, after which a side
+    of ``16*s`` is ``floor(s/2) - 1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, kernel_size=11, stride=4, padding=2), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(kernel_size=3, stride=2),
+            torch.nn.Conv2d(8, 8, kernel_size=5, padding=2), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(kernel_size=3, stride=2),
+            torch.nn.Conv2d(8, 8, kernel_size=3, padding=1), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(kernel_size=3, stride=2),
+        )
+        self.pool = torch.nn.AdaptiveAvgPool2d((2, 2))
+        self.fc = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def derived_dims_program(quantized: bool = False) -> ExportedProgram:
+    """``Pools`` exported as the suite's model tests export it (height and width ``Dim * 16``),
+    with ``quantized``: first quantized as its quantized XNNPACK flows do (static, per
+    channel)."""
+    torch.manual_seed(0)
+    model: torch.nn.Module = Pools().eval()
+    inputs = (torch.randn(1, 3, 224, 224),)
+    if quantized:
+        from executorch.backends.transforms.duplicate_dynamic_quant_chain import (
+            DuplicateDynamicQuantChainPass,
+        )
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        quantizer = XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(is_per_channel=True))
+        # (torch leaves the shape guards out of .module() when ExecuTorch's code calls it)
+        captured = export(model, inputs, strict=True).module(check_guards=False)
+        prepared = prepare_pt2e(captured, quantizer)
+        prepared(*inputs)  # calibration
+        model = convert_pt2e(prepared)
+        DuplicateDynamicQuantChainPass()(model)  # (as the flows' quantize stage does)
+    sides = {2: Dim("height", min=1, max=16) * 16, 3: Dim("width", min=1, max=16) * 16}
+    return export(model, inputs, dynamic_shapes=(sides,), strict=True)
+
+
+def test_derived_dims_lower_identically(server_address: str) -> None:
+    """Quantized, XNNPACK asks whether the quantize node after the third max-pool is empty;
+    the float program asks no such question the value ranges cannot answer."""
+    local = to_edge_transform_and_lower(
+        derived_dims_program(quantized=True), partitioner=[XnnpackPartitioner()]
+    ).to_executorch().buffer
+    remote = to_edge_transform_and_lower(
+        derived_dims_program(quantized=True),
+        partitioner=[RemotePartitioner(server_address, "xnnpack")],
+    ).to_executorch().buffer
+    assert remote == local

@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.proto.codec.deserializers import deserialize_aten, deserialize_edge
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
-from remote_partitioner.proto.codec.repair import repair, restore_metadata
+from remote_partitioner.proto.codec.repair import repair, restore_metadata, restore_symbol_hints
 from remote_partitioner.proto.program_errors import (
     BlobSizeMismatch,
     CodecError,
@@ -276,6 +276,7 @@ class Decoder:
             )
             for r in fakes:
                 ep._state_dict[r.name] = self.tensor(r, fake_mode)
+        restore_symbol_hints(ep)
         repair(ep, list(msg.fingerprint))
         problem = first_difference(msg.fingerprint, fingerprint(ep))
         if problem is not None:

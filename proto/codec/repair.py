@@ -2,7 +2,8 @@
 
 The client's fingerprint is the reference for :func:`repair` (argument kinds, unused ``getitem``
 nodes, placeholder targets, list/tuple operands, node order); the ``NodeMetadata`` messages are
-the reference for :func:`restore_metadata`.
+the reference for :func:`restore_metadata`; the hints of the placeholders' sizes are the
+reference for :func:`restore_symbol_hints`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import keyword
 import operator
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 from torch.export import ExportedProgram
@@ -20,7 +22,7 @@ from remote_partitioner.proto.codec.graphs import graph_modules
 from remote_partitioner.proto.program_errors import ProgramDecodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
-__all__ = ["repair", "restore_metadata"]
+__all__ = ["repair", "restore_metadata", "restore_symbol_hints"]
 
 
 def repair(ep: ExportedProgram, expected: list[pb.NodeFingerprint]) -> None:
@@ -230,3 +232,82 @@ def _reorder(want: list[pb.NodeFingerprint], by_name: dict[str, torch.fx.Node]) 
             changed = True
         prev = node
     return changed
+
+
+def restore_symbol_hints(ep: ExportedProgram) -> None:
+    """Give the shape environment the hints of symbols that appear only inside expressions.
+
+    A dimension exported as a derived ``Dim`` (``Dim("h", min=1, max=16) * 16``) is a linear
+    expression of a root symbol (``16*s89``). The export schema records the expression and
+    its hint (224), never the root symbol's own hint (14), and neither deserializer gives the
+    root symbol one (exir's records no hint for an expression at all; torch's records the
+    expression's). The client's shape environment has it, so a guard its value ranges cannot
+    decide (``Eq(8*(floor(s89/2) - 1)*(floor(s99/2) - 1), 0)``, XNNPACK's ``numel() == 0``
+    after three max-pools) is evaluated from the hint there, and raised a data-dependent
+    error on the server (ExecuTorch's suite: ``test_alexnet`` with dynamic shapes, quantized
+    XNNPACK flows).
+
+    Each symbol without a hint is solved from a placeholder dimension (size, stride or storage
+    offset, in every graph of ``ep``) whose hint is known, whose expression is a polynomial
+    in that one unknown symbol, and that has exactly one integer solution within the symbol's
+    value range; repeated until no more can be solved. A symbol no dimension determines is
+    left without a hint, as it was. Every symbol is also given the creation stack torch's
+    deserializer records for it (exir's records none, and torch's data-dependent error reads
+    it: the server raised ``KeyError: 's89'`` in place of the error the client gets).
+    """
+    from torch.utils._traceback import CapturedTraceback
+
+    dims: list[Any] = []
+    for _, gm in graph_modules(ep.graph_module):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                dims += _symbolic_dims(node.meta.get("val"))
+    if not dims:
+        return
+    env = dims[0].node.shape_env
+    known = env.backed_var_to_val
+    progress = True
+    while progress:
+        progress = False
+        for dim in dims:
+            expr, hint = dim.node.expr, dim.node.hint
+            unknown = [x for x in expr.free_symbols if x not in known]
+            if hint is None or len(unknown) != 1:
+                continue
+            (symbol,) = unknown
+            value = _solve_for(expr.xreplace({x: known[x] for x in expr.free_symbols
+                                              if x is not symbol}),
+                               symbol, int(hint), env.var_to_range.get(symbol))
+            if value is not None:
+                env.add_backed_var_to_val(symbol, value)
+                progress = True
+    for dim in dims:
+        for symbol in dim.node.expr.free_symbols:
+            if symbol not in env.var_to_stack:
+                env.var_to_stack[symbol] = CapturedTraceback.extract(skip=1)
+
+
+def _symbolic_dims(val: Any) -> list[Any]:
+    """The ``SymInt`` dimensions of a placeholder's value (a tensor's sizes, strides and
+    storage offset, or a ``SymInt``)."""
+    if isinstance(val, torch.SymInt):
+        return [val]
+    if isinstance(val, torch.Tensor):
+        dims = [*val.shape, *val.stride(), val.storage_offset()]
+        return [d for d in dims if isinstance(d, torch.SymInt)]
+    return []
+
+
+def _solve_for(expr: sympy.Expr, symbol: sympy.Symbol, hint: int, bounds: Any) -> int | None:
+    """The one integer value of ``symbol`` within ``bounds`` (a ``ValueRanges``, or None for
+    any) for which ``expr == hint``, if ``expr`` is a polynomial in it; else None."""
+    if not expr.is_polynomial(symbol):
+        return None
+    try:
+        roots = sympy.solve(sympy.Eq(expr, hint), symbol)
+    except (NotImplementedError, TypeError, ValueError):
+        return None
+    values = {int(r) for r in roots if getattr(r, "is_integer", False)}
+    if bounds is not None:
+        values = {v for v in values if bounds.lower <= v <= bounds.upper}
+    return values.pop() if len(values) == 1 else None
