@@ -28,9 +28,12 @@ only) and writes every comparison to the JSON file. Exit status 0 when every tes
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -628,20 +631,22 @@ def shard_report(json_path: Path, index: int) -> Path:
 
 
 def flow_table(
-    comparisons: list[dict[str, Any]], flows: list[str]
+    comparisons: list[dict[str, Any]], flows: list[str],
+    row_of: Callable[[dict[str, Any]], str] = lambda line: str(line["flow"]),
 ) -> dict[str, dict[str, float]]:
     """Per flow (``flows`` first, then any other a comparison names): tests (lowerings
     compared), identical, differing, failing remote only (the local run succeeded, the remote
     one did not), and the seconds spent lowering locally and remotely. ``comparisons`` are
-    :meth:`Comparison.as_json` dicts, as the log holds them."""
+    :meth:`Comparison.as_json` dicts, as the log holds them; ``row_of`` names a comparison's
+    row (its flow, or :func:`flow_and_suite`)."""
     rows: dict[str, dict[str, float]] = {}
     ok = ("SUCCESS", "SUCCESS_UNDELEGATED")
-    for flow in [*flows, *(c["flow"] for c in comparisons)]:
+    for flow in [*flows, *(row_of(c) for c in comparisons)]:
         rows.setdefault(flow, {"tests": 0, "identical": 0, "differing": 0,
                                "failing_remote_only": 0, "local_lower_seconds": 0.0,
                                "remote_lower_seconds": 0.0})
     for c in comparisons:
-        row = rows[c["flow"]]
+        row = rows[row_of(c)]
         row["tests"] += 1
         row["identical" if c["identical"] else "differing"] += 1
         if c["local"]["result"] in ok and c["remote"]["result"] not in ok:
@@ -649,6 +654,30 @@ def flow_table(
         row["local_lower_seconds"] += c["local"]["lower_seconds"]
         row["remote_lower_seconds"] += c["remote"]["lower_seconds"]
     return rows
+
+
+@functools.cache
+def model_tests() -> frozenset[str]:
+    """The names of the test functions of the suite's ``models/`` (read, not imported: its
+    modules import torchvision and torchaudio)."""
+    spec = importlib.util.find_spec("executorch")
+    assert spec is not None and spec.submodule_search_locations
+    directory = Path(next(iter(spec.submodule_search_locations))) / "backends/test/suite/models"
+    names = {node.name for path in sorted(directory.glob("test_*.py"))
+             for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+    assert names, f"no model tests in {directory}"
+    return frozenset(names)
+
+
+def suite_of(test: str) -> str:
+    """The suite (:data:`SUITES`) a logged test name (``test_x[FLOW-...]``) belongs to."""
+    return "models" if test.split("[", 1)[0] in model_tests() else "operators"
+
+
+def flow_and_suite(line: dict[str, Any]) -> str:
+    """A log line's row in the accumulated table: ``FLOW, SUITE``."""
+    return f"{line['flow']}, {suite_of(line['test'])}"
 
 
 def _flow_of(test: str) -> str:
@@ -704,20 +733,32 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
             "uncompared": [t for key, t in uncompared.items() if key not in complete]}
 
 
-def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
-    """The per-flow table of accumulated logs, the differing comparisons listed after it, and
-    how many differ."""
+def log_table(paths: list[Path], flows: list[str]) -> dict[str, dict[str, float]]:
+    """The table of accumulated logs (:func:`read_log`): a row per flow and suite
+    (``FLOW, SUITE``, ``flows``' first), with :func:`flow_table`'s columns and ``complete``,
+    the tests the logs hold complete."""
     log = read_log(paths)
-    rows = flow_table(log["comparisons"], flows)
+    rows = flow_table(log["comparisons"], [f"{f}, {s}" for f in flows for s in SUITES],
+                      flow_and_suite)
+    for line in log["complete"]:
+        rows.setdefault(flow_and_suite(line), dict(flow_table([], ["-"])["-"]))
+    for label, row in rows.items():
+        row["complete"] = sum(1 for t in log["complete"] if flow_and_suite(t) == label)
+    return rows
+
+
+def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
+    """The table of accumulated logs (:func:`log_table`), the differing comparisons listed after
+    it, and how many differ."""
+    log = read_log(paths)
+    rows = log_table(paths, flows)
     differing = [f"{c['flow']} {c['test']}#{c['subtest']}: " + "; ".join(c["differences"])
                  for c in log["comparisons"] if not c["identical"]]
     commits = sorted({c.get("commit", "") or "?" for c in log["comparisons"]})
-    tests = {f: sum(1 for t in log["complete"] if t["flow"] == f) for f in rows}
     lines = [format_table(rows), "",
-             "complete tests per flow: " + ", ".join(f"{f} {n}" for f, n in tests.items()),
              "timed out or failed without a comparison (not complete, --resume reruns them): "
              + (", ".join(f"{f} {n}" for f in rows
-                          if (n := sum(1 for t in log["uncompared"] if t["flow"] == f)))
+                          if (n := sum(1 for t in log["uncompared"] if flow_and_suite(t) == f)))
                 or "none"),
              f"commits compared: {', '.join(commits) or '-'}"]
     lines += ["differs: " + d for d in differing]
@@ -725,13 +766,17 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
-    """The per-flow summary as a fixed-width table."""
-    header = (f"{'flow':<50}{'tests':>7}{'identical':>11}{'differing':>11}"
+    """The per-flow summary as a fixed-width table ("tests" are lowerings compared; a
+    ``complete`` column, the tests run to their end, when the rows have one)."""
+    complete = all("complete" in r for r in rows.values()) and bool(rows)
+    header = (f"{'flow':<50}" + (f"{'complete tests':>16}" if complete else "")
+              + f"{'tests':>7}{'identical':>11}{'differing':>11}"
               f"{'failing remote only':>21}{'lowering s local/remote':>25}")
     lines = [header, "-" * len(header)]
     for flow, r in rows.items():
         times = f"{r['local_lower_seconds']:.0f}/{r['remote_lower_seconds']:.0f}"
-        lines.append(f"{flow:<50}{r['tests']:>7.0f}{r['identical']:>11.0f}"
+        lines.append(f"{flow:<50}" + (f"{r['complete']:>16.0f}" if complete else "")
+                     + f"{r['tests']:>7.0f}{r['identical']:>11.0f}"
                      f"{r['differing']:>11.0f}{r['failing_remote_only']:>21.0f}{times:>25}")
     return "\n".join(lines)
 

@@ -125,19 +125,26 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
         # timed out after a comparison: not complete either (--resume runs it again)
         comparison("t6[xnnpack]", True), {**complete("t6[xnnpack]", "failed"), "timed_out": True},
     ]))
-    second = tmp_path / "b.jsonl"  # t1 again, identical now
+    second = tmp_path / "b.jsonl"  # t1 again, identical now; and a test of the models suite
+    model = "test_alexnet[xnnpack-static_shapes-float32]"
     second.write_text("\n".join(json.dumps(x) for x in [
-        comparison("t1[xnnpack]", True), complete("t1[xnnpack]")]))
+        comparison("t1[xnnpack]", True), complete("t1[xnnpack]"),
+        comparison(model, True), complete(model)]))
     log = conformance.read_log([first, second])  # type: ignore[attr-defined]
     assert sorted(c["test"] for c in log["comparisons"]) == [
-        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]"]
+        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]", model]
     assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]", "t6[xnnpack]"]
     text, differing = conformance.summarize_logs(  # type: ignore[attr-defined]
         [first, second], ["xnnpack"])
     assert differing == 0, text
-    assert "complete tests per flow: xnnpack 3" in text
+    rows = conformance.log_table([first, second], ["xnnpack"])  # type: ignore[attr-defined]
+    assert list(rows) == ["xnnpack, operators", "xnnpack, models"]
+    assert {k: rows["xnnpack, operators"][k] for k in ("complete", "tests", "identical")} == {
+        "complete": 3, "tests": 4, "identical": 4}
+    assert {k: rows["xnnpack, models"][k] for k in ("complete", "tests", "identical")} == {
+        "complete": 1, "tests": 1, "identical": 1}
     assert ("timed out or failed without a comparison (not complete, --resume reruns them): "
-            "xnnpack 2") in text
+            "xnnpack, operators 2") in text
     _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
     assert differing == 1
 
