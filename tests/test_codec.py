@@ -321,3 +321,20 @@ def test_derived_dims_root_symbols_keep_their_hints() -> None:
                   if isinstance(n.meta.get("val"), torch.Tensor)}
         assert {n.name: bool(n.meta["val"].numel() == 0) for n in back.graph.nodes
                 if isinstance(n.meta.get("val"), torch.Tensor)} == client
+
+
+def test_symbol_hints_are_solved_only_from_linear_expressions() -> None:
+    """The expressions come from the client: only ``a*s + b`` (a derived dim) is solved, with an
+    integer solution in range; a power, a floor or an inexact division is left unsolved."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from remote_partitioner.proto.codec.repair import _solve_for
+
+    s = sympy.Symbol("s89", integer=True, positive=True)
+    assert _solve_for(16 * s, s, 224, ValueRanges(1, 16)) == 14
+    assert _solve_for(2 * s + 1, s, 9, None) == 4
+    assert _solve_for(16 * s, s, 224, ValueRanges(1, 8)) is None  # out of range
+    assert _solve_for(16 * s, s, 225, None) is None  # not an integer
+    for expr in (s**2, s**1_000_000, sympy.floor(s / 2), s * sympy.Rational(1, 2)):
+        assert _solve_for(expr, s, 4, None) is None, expr

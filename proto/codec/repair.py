@@ -248,9 +248,9 @@ def restore_symbol_hints(ep: ExportedProgram) -> None:
     XNNPACK flows).
 
     Each symbol without a hint is solved from a placeholder dimension (size, stride or storage
-    offset, in every graph of ``ep``) whose hint is known, whose expression is a polynomial
-    in that one unknown symbol, and that has exactly one integer solution within the symbol's
-    value range; repeated until no more can be solved. A symbol no dimension determines is
+    offset, in every graph of ``ep``) whose hint is known and whose expression is linear in
+    that one unknown symbol, with an integer solution within the symbol's value range;
+    repeated until no more can be solved. A symbol no dimension determines is
     left without a hint, as it was. Every symbol is also given the creation stack torch's
     deserializer records for it (exir's records none, and torch's data-dependent error reads
     it: the server raised ``KeyError: 's89'`` in place of the error the client gets).
@@ -299,15 +299,17 @@ def _symbolic_dims(val: Any) -> list[Any]:
 
 
 def _solve_for(expr: sympy.Expr, symbol: sympy.Symbol, hint: int, bounds: Any) -> int | None:
-    """The one integer value of ``symbol`` within ``bounds`` (a ``ValueRanges``, or None for
-    any) for which ``expr == hint``, if ``expr`` is a polynomial in it; else None."""
+    """The integer value of ``symbol`` within ``bounds`` (a ``ValueRanges``, or None for any)
+    for which ``expr == hint``, if ``expr`` is ``a*symbol + b`` with integers ``a != 0`` and
+    ``b`` (a derived dim: export allows no other form); else None. (Linear only, and without
+    ``sympy.solve``: the expression comes from the client.)"""
     if not expr.is_polynomial(symbol):
         return None
-    try:
-        roots = sympy.solve(sympy.Eq(expr, hint), symbol)
-    except (NotImplementedError, TypeError, ValueError):
+    a = expr.diff(symbol)
+    b = expr.subs(symbol, 0)
+    if not (a.is_Integer and b.is_Integer) or a == 0:
         return None
-    values = {int(r) for r in roots if getattr(r, "is_integer", False)}
-    if bounds is not None:
-        values = {v for v in values if bounds.lower <= v <= bounds.upper}
-    return values.pop() if len(values) == 1 else None
+    value, rest = divmod(hint - int(b), int(a))
+    if rest or (bounds is not None and not bounds.lower <= value <= bounds.upper):
+        return None
+    return value
