@@ -296,6 +296,7 @@ def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
     assert fast.message == slow.message
 
 
+@pytest.mark.slow  # (an export and a to_edge of its own: 5 s)
 def test_derived_dims_root_symbols_keep_their_hints() -> None:
     """A derived dim (``Dim("h") * 16``) crosses as the expression ``16*s`` with its hint; the
     decoded shape environment has the client's hint for ``s`` itself (an ATen and an Edge
