@@ -262,15 +262,12 @@ def restore_symbol_hints(ep: ExportedProgram) -> None:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 dims += _symbolic_dims(node.meta.get("val"))
-    if not dims:
-        return
-    env = dims[0].node.shape_env
-    known = env.backed_var_to_val
     progress = True
-    while progress:
+    while progress:  # each pass solves at least one more symbol, or it is the last
         progress = False
         for dim in dims:
-            expr, hint = dim.node.expr, dim.node.hint
+            env, expr, hint = dim.node.shape_env, dim.node.expr, dim.node.hint
+            known = env.backed_var_to_val
             unknown = [x for x in expr.free_symbols if x not in known]
             if hint is None or len(unknown) != 1:
                 continue
@@ -282,6 +279,7 @@ def restore_symbol_hints(ep: ExportedProgram) -> None:
                 env.add_backed_var_to_val(symbol, value)
                 progress = True
     for dim in dims:
+        env = dim.node.shape_env
         for symbol in dim.node.expr.free_symbols:
             if symbol not in env.var_to_stack:
                 env.var_to_stack[symbol] = CapturedTraceback.extract(skip=1)
