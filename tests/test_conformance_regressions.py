@@ -350,11 +350,11 @@ def derived_dims_program(quantized: bool = False) -> ExportedProgram:
 def test_derived_dims_lower_identically(server_address: str) -> None:
     """Quantized, XNNPACK asks whether the quantize node after the third max-pool is empty;
     the float program asks no such question the value ranges cannot answer."""
+    program = derived_dims_program(quantized=True)
     local = to_edge_transform_and_lower(
-        derived_dims_program(quantized=True), partitioner=[XnnpackPartitioner()]
+        copy.deepcopy(program), partitioner=[XnnpackPartitioner()]
     ).to_executorch().buffer
     remote = to_edge_transform_and_lower(
-        derived_dims_program(quantized=True),
-        partitioner=[RemotePartitioner(server_address, "xnnpack")],
+        program, partitioner=[RemotePartitioner(server_address, "xnnpack")]
     ).to_executorch().buffer
     assert remote == local
