@@ -32,6 +32,7 @@ import ast
 import copy
 import dataclasses
 import functools
+import gc
 import hashlib
 import importlib.util
 import json
@@ -507,6 +508,10 @@ class ConformancePlugin:
         from executorch.backends.test.harness.stages import StageType
         from executorch.backends.test.suite import runner
 
+        # The run before this one (the local twin of this test, or the last test) may leave
+        # its programs in reference cycles (a failure's traceback holds the frames): free them
+        # first, or a large model's two lowerings are in memory at once.
+        gc.collect()
         testers: list[Any] = []
         rng: list[str] = []
         make_tester = flow.tester_factory
