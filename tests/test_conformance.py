@@ -97,6 +97,36 @@ def _conformance_module() -> object:
     return module
 
 
+def test_coreml_counter_named_operations_compare_by_position() -> None:
+    """Two local Core ML lowerings in one process name the transposes and constants
+    coremltools' ``reduce_transposes`` pass creates in an order of their own (measured: the
+    suite's ``convnext_small``, four lowerings from coremltools' fresh state, four programs).
+    ``normalize_coreml`` renumbers exactly those names, by first appearance, and leaves every
+    other difference: other numbers, and ExecuTorch's own node names."""
+    normalize = _conformance_module().normalize_coreml  # type: ignore[attr-defined]
+
+    def program(*names: str) -> bytes:  # protobuf string fields, as the MIL program holds names
+        return b"".join(b"\x0a" + bytes([len(n)]) + n.encode() for n in names)
+
+    local = program("transpose_0", "transpose_0_perm_0", "const_357_to_fp16", "transpose_2",
+                    "transpose_2_perm_0", "const_355_to_fp16", "aten_add_tensor_1",
+                    "aten_add_tensor_2", "my_const_1", "my_const_2")
+    remote = program("transpose_2", "transpose_2_perm_0", "const_355_to_fp16", "transpose_0",
+                     "transpose_0_perm_0", "const_357_to_fp16", "aten_add_tensor_1",
+                     "aten_add_tensor_2", "my_const_1", "my_const_2")
+    assert local != remote
+    assert normalize(local) == normalize(remote)
+    assert normalize(local, across_processes=True) == normalize(remote, across_processes=True)
+    assert normalize(local) != normalize(local.replace(b"transpose_2", b"transpose_3"))
+    def swap(data: bytes, a: bytes, b: bytes) -> bytes:
+        return data.replace(a, b"\0").replace(b, a).replace(b"\0", b)
+
+    for swapped in (swap(local, b"aten_add_tensor_1", b"aten_add_tensor_2"),
+                    swap(local, b"my_const_1", b"my_const_2")):
+        assert swapped != local
+        assert normalize(swapped) != normalize(local)
+
+
 def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     """A long run is resumed over several sittings (``--resume``): the summary of the logs
     counts each test's comparisons once (its last complete run) and leaves out a test that was
