@@ -857,6 +857,10 @@ def serve(startup_seconds: float = 240, memoize: bool = True) -> Iterator[str]:
          *([] if memoize else ["--no-pattern-memo"])],
         stdout=subprocess.PIPE, stderr=log, text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        # Out of the runner's process group: `kill -- -PGID` stops the runner, which stops
+        # the server below. In the group, the server died first and the runner's test in
+        # progress logged its remote lowerings as failed ("Connection refused").
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None
