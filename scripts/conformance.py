@@ -859,7 +859,8 @@ def serve(startup_seconds: float = 240, memoize: bool = True) -> Iterator[str]:
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
         # Out of the runner's process group: `kill -- -PGID` stops the runner, which stops
         # the server below. In the group, the server died first and the runner's test in
-        # progress logged its remote lowerings as failed ("Connection refused").
+        # progress logged its remote lowerings as failed ("Connection refused"). (A runner
+        # killed with SIGKILL leaves the server running: stop it by its own process group.)
         start_new_session=True,
     )
     try:

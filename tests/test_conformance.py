@@ -118,6 +118,7 @@ def test_coreml_counter_named_operations_compare_by_position() -> None:
     assert normalize(local) == normalize(remote)
     assert normalize(local, across_processes=True) == normalize(remote, across_processes=True)
     assert normalize(local) != normalize(local.replace(b"transpose_2", b"transpose_3"))
+
     def swap(data: bytes, a: bytes, b: bytes) -> bytes:
         return data.replace(a, b"\0").replace(b, a).replace(b"\0", b)
 
