@@ -21,10 +21,15 @@ ObservabilityInterceptor nested in the first reuses the outer id and sends nothi
 handler runs, the id is in the context variable :data:`REQUEST_ID`, and :class:`RequestIdFilter`
 copies it to ``record.request_id`` of every log record ("-" outside calls).
 
-Status codes. A call's code is the one gRPC will send: ``context.code()`` when the handler set
-one (``context.abort`` / ``abort_with_status`` set it before raising); else OK when the handler
-returned, UNKNOWN when it raised; a call the client cancelled, or whose deadline passed, while
-the handler ran is CANCELLED or DEADLINE_EXCEEDED.
+Status codes. A call's code is the one gRPC will send: the code the handler aborts with
+(``context.abort`` / ``abort_with_status``), or ``context.code()`` when it set one; else OK when
+the handler returned, UNKNOWN when it raised; a call the client cancelled, or whose deadline
+passed, while the handler ran is CANCELLED or DEADLINE_EXCEEDED.
+
+When. A call is recorded (metrics and access line) before the client can see its status: when
+the handler returns or raises, or, when it aborts, just before ``abort`` sends the status (which
+grpc.aio does before the handler unwinds). A scrape or log read after the client's answer holds
+the call; a server killed just after answering has logged it.
 
 Labels. ``rpc`` is the method name for ``remote_partitioner.v1.RemotePartitioner`` (e.g.
 ``Partition``) and ``service/method`` for any other service on the server (e.g.
@@ -49,7 +54,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Any, NoReturn, Protocol, TextIO
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -315,6 +320,8 @@ class _Call:
     sent: int = 0
     start: float = field(default_factory=time.perf_counter)
     announce: bool = True
+    #: Recorded (metrics and access line): once per call.
+    finished: bool = False
 
 
 def _final_code(
@@ -341,15 +348,37 @@ _CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class _CountingContext:
-    """A call's context that counts the bytes of the messages the handler writes."""
+    """A call's context that counts the bytes of the messages the handler writes, and records
+    the call when the handler aborts it.
 
-    def __init__(self, context: grpc.aio.ServicerContext, call: _Call) -> None:
+    grpc.aio sends an aborted call's status inside ``abort``, before the handler unwinds; the
+    call is recorded (``on_abort(code)``: metrics and access line) just before, so that, as for
+    a call that returns or raises, the record precedes the status the client sees (a replica
+    killed right after answering has logged the answer)."""
+
+    def __init__(
+        self, context: grpc.aio.ServicerContext, call: _Call,
+        on_abort: Callable[[grpc.StatusCode], None],
+    ) -> None:
         self._context = context
         self._call = call
+        self._on_abort = on_abort
 
     async def write(self, message: Any) -> None:
         self._call.sent += _size(message)
         await self._context.write(message)
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "",
+        trailing_metadata: tuple[tuple[str, str | bytes], ...] = (),
+    ) -> NoReturn:
+        if isinstance(code, grpc.StatusCode):  # (else grpc refuses it: recorded on unwinding)
+            self._on_abort(code)
+        await self._context.abort(code, details, trailing_metadata)  # type: ignore[attr-defined]
+        raise AssertionError("abort returned")  # pragma: no cover
+
+    async def abort_with_status(self, status: grpc.Status) -> NoReturn:
+        await self.abort(status.code, status.details, status.trailing_metadata)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
@@ -450,10 +479,17 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
                 self.metrics.observe_cache(len(digests) - len(missing), len(missing))
 
     def _finish(
-        self, call: _Call, context: grpc.aio.ServicerContext, error: BaseException | None
+        self, call: _Call, context: grpc.aio.ServicerContext, error: BaseException | None,
+        code: grpc.StatusCode | None = None,
     ) -> None:
+        """Record the call (once): ``code`` when the handler aborts with it, else the code its
+        end gives (:func:`_final_code`)."""
+        if call.finished:
+            return
+        call.finished = True
         seconds = time.perf_counter() - call.start
-        code = _final_code(context, error)
+        if code is None:
+            code = _final_code(context, error)
         if self.metrics is not None:
             self.metrics.in_flight.labels(rpc=call.rpc).dec()
             self.metrics.observe_call(
@@ -520,7 +556,9 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
         error: BaseException | None = None
         try:
             await self._announce(call, context)
-            yield call, request, _CountingContext(context, call)
+            yield call, request, _CountingContext(
+                context, call, lambda code: self._finish(call, context, None, code)
+            )
         except BaseException as e:
             error = e
             raise
