@@ -451,12 +451,15 @@ class _HeldLines(logging.Handler):
     server's event loop waits in ``emit``: a call recorded before its status leaves cannot be
     answered during the wait."""
 
-    def __init__(self, answered: threading.Event) -> None:
+    def __init__(self, answered: threading.Event, counted: Callable[[], float]) -> None:
         super().__init__()
         self.answered = answered
+        self.counted = counted
         self.answered_first: list[bool] = []
+        self.counted_then: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        self.counted_then.append(self.counted())
         self.answered_first.append(self.answered.wait(0.5))
 
 
@@ -470,15 +473,23 @@ def test_a_call_is_recorded_before_its_status_leaves(
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     uu = channel.unary_unary(f"/{_SERVICE}/UU", None, None)
     us = channel.unary_stream(f"/{_SERVICE}/US", None, None)
-    calls: list[tuple[str, Callable[[], object]]] = [
-        ("PERMISSION_DENIED", lambda: uu(b"abort", timeout=TIMEOUT)),
-        ("RESOURCE_EXHAUSTED", lambda: list(us(b"abort", timeout=TIMEOUT))),
-        ("OK", lambda: uu(b"x", timeout=TIMEOUT)),
+    calls: list[tuple[str, str, Callable[[], object]]] = [
+        ("UU", "PERMISSION_DENIED", lambda: uu(b"abort", timeout=TIMEOUT)),
+        ("US", "RESOURCE_EXHAUSTED", lambda: list(us(b"abort", timeout=TIMEOUT))),
+        ("UU", "OK", lambda: uu(b"x", timeout=TIMEOUT)),
     ]
     access = logging.getLogger(ACCESS_LOGGER)
-    for code, call in calls:
+    for kind, code, call in calls:
+
+        def counted(kind: str = kind, code: str = code) -> float:
+            return metrics.registry.get_sample_value(
+                "remote_partitioner_requests_total",
+                {"rpc": f"{_SERVICE}/{kind}", "partitioner": "", "code": code},
+            ) or 0.0
+
+        before = counted()
         answered = threading.Event()
-        held = _HeldLines(answered)
+        held = _HeldLines(answered, counted)
         access.addHandler(held)
         try:
             try:
@@ -491,6 +502,7 @@ def test_a_call_is_recorded_before_its_status_leaves(
             access.removeHandler(held)
         assert got == code
         assert held.answered_first == [False], f"{code}: the status left before the record"
+        assert held.counted_then == [before + 1], f"{code}: logged before it was counted"
         assert access_lines(caplog)[-1].split()[2] == f"code={code}"
 
 
