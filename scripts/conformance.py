@@ -175,14 +175,28 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
+#: Where an entry of :data:`_ENTRY_TAGS` can start: its tag, a varint (the length), field 1's
+#: tag (a length-delimited field 1, ``0x0a``). Only there can a run of entries start; the scan
+#: skips the bytes between in one step (byte by byte, a 100 MB .pte took over 20 minutes).
+_ENTRY_START = re.compile(
+    b"(?:" + b"|".join(re.escape(t) for t in _ENTRY_TAGS) + rb")[\x80-\xff]*[\x00-\x7f]\x0a"
+)
+
+
 def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
     """``data`` with every run of two or more consecutive length-delimited entries of one tag
     whose payload starts with field 1 (protobuf map entries, and repeated messages) sorted,
     recursively. Lengths are kept, so offsets are too. For comparison only."""
     out, i, n = bytearray(), 0, len(data)
     while i < n:
+        candidate = _ENTRY_START.search(data, i)
+        if candidate is None:
+            out += data[i:]
+            break
+        out += data[i:candidate.start()]
+        i = candidate.start()
         for tag in _ENTRY_TAGS:
-            entries, k = [], i
+            spans, k = [], i  # (entry start, payload start, end) of each entry of the run
             while data.startswith(tag, k):
                 try:
                     length, start = _varint(data, k + len(tag))
@@ -191,12 +205,15 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
                 end = start + length
                 if end > n or length < 2 or data[start] != 0x0A:
                     break
-                payload = data[start:end]
-                entries.append(data[k:start] + (
-                    _sorted_entries(payload, depth + 1) if depth < 8 else payload))
+                spans.append((k, start, end))
                 k = end
-            if len(entries) >= 2:
-                out += b"".join(sorted(entries))
+            if len(spans) >= 2:  # (a lone entry's payload is not visited: in random bytes,
+                # a lone "entry" can span most of the data, at every other candidate)
+                out += b"".join(sorted(
+                    data[a:start] + (_sorted_entries(data[start:end], depth + 1)
+                                     if depth < 8 else data[start:end])
+                    for a, start, end in spans
+                ))
                 i = k
                 break
         else:

@@ -6,6 +6,7 @@ state after lowering, for XNNPACK (float and quantized), Core ML and Vulkan."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,34 @@ def test_coreml_counter_named_operations_compare_by_position() -> None:
                     swap(local, b"my_const_1", b"my_const_2")):
         assert swapped != local
         assert normalize(swapped) != normalize(local)
+
+
+def test_coreml_maps_compare_in_any_order_among_other_bytes() -> None:
+    """Across processes, runs of protobuf map entries (the Core ML model's metadata, a MIL
+    operation's inputs and attributes) compare in any order, nested too, wherever they sit among
+    other bytes (weights: random bytes, where tags occur by chance), and nothing else does."""
+    sorted_entries = _conformance_module()._sorted_entries  # type: ignore[attr-defined]
+    rng = random.Random(0)
+    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+
+    def entry(tag: bytes, key: bytes, value: bytes) -> bytes:  # a map entry: key 1, value 2
+        payload = b"\x0a" + bytes([len(key)]) + key + b"\x12" + bytes([len(value)]) + value
+        return tag + bytes([len(payload)]) + payload
+
+    def program(inner: list[bytes], outer: list[bytes]) -> bytes:
+        run = [entry(b"\x1a", b"conv", b"".join(inner)), *outer]
+        return noise[:40000] + b"".join(run) + noise[40000:]
+
+    inner = [entry(b"\x22", b"x", b"a"), entry(b"\x22", b"weight", b"bb")]
+    outer = [entry(b"\x1a", b"k%d" % i, b"v%d" % i) for i in range(3)]
+    a = program(inner, outer)
+    b = program(inner[::-1], [outer[2], outer[0], outer[1]])
+    assert a != b
+    assert sorted_entries(a) == sorted_entries(b)
+    assert len(sorted_entries(a)) == len(a)
+    changed = program(inner, [*outer[:2], entry(b"\x1a", b"k2", b"v3")])
+    assert sorted_entries(changed) != sorted_entries(a)
+    assert sorted_entries(a[:-1] + b"\x00") != sorted_entries(a)
 
 
 def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
