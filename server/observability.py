@@ -29,7 +29,8 @@ passed, while the handler ran is CANCELLED or DEADLINE_EXCEEDED.
 When. A call is recorded (metrics and access line) before the client can see its status: when
 the handler returns or raises, or, when it aborts, just before ``abort`` sends the status (which
 grpc.aio does before the handler unwinds). A scrape or log read after the client's answer holds
-the call; a server killed just after answering has logged it.
+the call; a server killed just after answering has logged it. (A deadline that passes, or a
+cancellation, reaches the client first: such a call is recorded when its handler ends.)
 
 Labels. ``rpc`` is the method name for ``remote_partitioner.v1.RemotePartitioner`` (e.g.
 ``Partition``) and ``service/method`` for any other service on the server (e.g.
