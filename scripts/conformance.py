@@ -181,7 +181,7 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
 #: for 100 MiB; byte by byte, and visiting every lone entry's payload, 32 s for 1 MiB, and
 #: growing with the square of the size.)
 _ENTRY_START = re.compile(
-    b"(?:" + b"|".join(re.escape(t) for t in _ENTRY_TAGS) + rb")[\x80-\xff]*[\x00-\x7f]\x0a"
+    b"(?P<tag>" + b"|".join(re.escape(t) for t in _ENTRY_TAGS) + rb")[\x80-\xff]*[\x00-\x7f]\x0a"
 )
 
 
@@ -197,28 +197,27 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
             break
         out += data[i:candidate.start()]
         i = candidate.start()
-        for tag in _ENTRY_TAGS:
-            spans, k = [], i  # (entry start, payload start, end) of each entry of the run
-            while data.startswith(tag, k):
-                try:
-                    length, start = _varint(data, k + len(tag))
-                except IndexError:
-                    break
-                end = start + length
-                if end > n or length < 2 or data[start] != 0x0A:
-                    break
-                spans.append((k, start, end))
-                k = end
-            # Only a run's payloads are visited: in random bytes a lone "entry" can span
-            # most of the data, and there is one at every few thousand bytes.
-            if len(spans) >= 2:
-                out += b"".join(sorted(
-                    data[a:start] + (_sorted_entries(data[start:end], depth + 1)
-                                     if depth < 8 else data[start:end])
-                    for a, start, end in spans
-                ))
-                i = k
+        tag = candidate["tag"]  # (the tags are prefix-free: one can start here)
+        spans, k = [], i  # (entry start, payload start, end) of each entry of the run
+        while data.startswith(tag, k):
+            try:
+                length, start = _varint(data, k + len(tag))
+            except IndexError:
                 break
+            end = start + length
+            if end > n or length < 2 or data[start] != 0x0A:
+                break
+            spans.append((k, start, end))
+            k = end
+        # Only a run's payloads are visited: in random bytes a lone "entry" can span most of
+        # the data, and there is one at every few thousand bytes.
+        if len(spans) >= 2:
+            out += b"".join(sorted(
+                data[a:start] + (_sorted_entries(data[start:end], depth + 1)
+                                 if depth < 8 else data[start:end])
+                for a, start, end in spans
+            ))
+            i = k
         else:
             out.append(data[i])
             i += 1
