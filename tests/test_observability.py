@@ -71,6 +71,14 @@ def requests(samples: Samples, rpc: str, code: str, partitioner: str = "") -> fl
                  rpc=rpc, partitioner=partitioner, code=code)
 
 
+def calls_counted(metrics: Metrics, rpc: str, code: str) -> float:
+    """``remote_partitioner_requests_total`` of a bare server's calls (no partitioner label),
+    read from the registry itself; 0 when never counted."""
+    return metrics.registry.get_sample_value(
+        "remote_partitioner_requests_total", {"rpc": rpc, "partitioner": "", "code": code}
+    ) or 0.0
+
+
 def digest(data: bytes) -> pb.Digest:
     return pb.Digest(hash=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
 
@@ -414,10 +422,7 @@ def test_every_handler_kind(
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def count(rpc: str, code: str) -> float:
-        v = metrics.registry.get_sample_value(
-            "remote_partitioner_requests_total", {"rpc": rpc, "partitioner": "", "code": code}
-        )
-        return v or 0.0
+        return calls_counted(metrics, rpc, code)
 
     # A handler that outlives the call's deadline is counted as DEADLINE_EXCEEDED, once it ends.
     with pytest.raises(grpc.RpcError) as e:
@@ -482,10 +487,7 @@ def test_a_call_is_recorded_before_its_status_leaves(
     for kind, code, call in calls:
 
         def counted(kind: str = kind, code: str = code) -> float:
-            return metrics.registry.get_sample_value(
-                "remote_partitioner_requests_total",
-                {"rpc": f"{_SERVICE}/{kind}", "partitioner": "", "code": code},
-            ) or 0.0
+            return calls_counted(metrics, f"{_SERVICE}/{kind}", code)
 
         before = counted()
         answered = threading.Event()
