@@ -101,7 +101,9 @@ def test_example_model_byte_identical(name: str, xnnpack: RemotePartitioner) -> 
     with torch.no_grad():
         eager = torch.utils._pytree.tree_leaves(ep.module()(*inputs))
     pte = assert_same_lowering(ep, XnnpackPartitioner(), xnnpack, {"forward": inputs})
-    assert xnnpack.stats["bytes_uploaded"] > 0
+    # The server answered (bytes_uploaded could be 0: the session's shared server may hold the
+    # program already).
+    assert xnnpack.stats["calls"] > 0
     got = run(pte, inputs)
     assert len(got) == len(eager)
     for g, e in zip(got, eager, strict=True):

@@ -40,13 +40,22 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+#: A blocked server answers no unary call until the stalled streams end (their idle time, 30 s
+#: and more here); a serving one answers at once. This bound tells the two apart on a loaded
+#: 2-core machine; the latencies themselves are bench/load.py's to measure.
+PROMPT_SECONDS = 5.0
+
+
 def check_prompt(target: str) -> dict[str, float]:
-    """Health and ListPartitioners each answer within a second; their latencies."""
+    """Health and ListPartitioners each answer within ``PROMPT_SECONDS`` on a fresh channel
+    (its connection counted); their latencies."""
     with grpc.insecure_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         stub = pb_grpc.RemotePartitionerStub(channel)
-        check = timed(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=1.0))
-        listed = timed(lambda: stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=1.0))
+        check = timed(lambda: health.Check(health_pb2.HealthCheckRequest(),
+                                           timeout=PROMPT_SECONDS))
+        listed = timed(lambda: stub.ListPartitioners(pb.ListPartitionersRequest(),
+                                                     timeout=PROMPT_SECONDS))
     return {"health": check, "list": listed}
 
 
@@ -92,7 +101,7 @@ def test_512_stalled_uploads_leave_health_and_partitioning_prompt(
     # open, stalled, while the checks run.
     with StalledStreams(server, 512, "upload", blob_bytes=MIB) as stalled:
         latencies = check_prompt(server)
-        assert max(latencies.values()) < 1.0, latencies
+        assert max(latencies.values()) < PROMPT_SECONDS, latencies
         remote = RemotePartitioner(server, "xnnpack", timeout=120)
         assert lower_pte(remote) == local_pte
         assert check_prompt(server)
@@ -100,7 +109,7 @@ def test_512_stalled_uploads_leave_health_and_partitioning_prompt(
 
 
 @pytest.mark.slow
-@pytest.mark.server_args("--stream-idle-seconds", "30")
+@pytest.mark.server_args("--stream-idle-seconds", "120")
 def test_slow_readers_leave_health_and_partitioning_prompt(
     server: str, local_pte: bytes
 ) -> None:
@@ -113,14 +122,14 @@ def test_slow_readers_leave_health_and_partitioning_prompt(
             for off in range(0, len(data), MIB)
         ), timeout=60)
     with StalledStreams(server, 64, "read", digest=digest) as stalled:
-        assert max(check_prompt(server).values()) < 1.0
+        assert max(check_prompt(server).values()) < PROMPT_SECONDS
         remote = RemotePartitioner(server, "xnnpack", timeout=120)
         assert lower_pte(remote) == local_pte
-        assert stalled.done() == 0  # slow, not idle for 30 s: still open
+        assert stalled.done() == 0  # slow, not idle for 120 s: still open
 
 
 @pytest.mark.slow
-@pytest.mark.server_args("--max-inflight-bytes", str(12 * MIB), "--stream-idle-seconds", "2")
+@pytest.mark.server_args("--max-inflight-bytes", str(12 * MIB), "--stream-idle-seconds", "6")
 def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
     blob = b"\1" * (10 * MIB)
     digest = digest_of(blob)
@@ -128,20 +137,26 @@ def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
 
     def stalled_upload() -> Iterator[pb.UploadBlobsRequest]:
         yield pb.UploadBlobsRequest(digest=digest, offset=0, data=blob[:MIB])
-        release.wait(30)  # bounded: the server gives up after 2 s
+        release.wait(30)  # bounded: the server gives up after 6 s
 
     with grpc.insecure_channel(server) as channel:
         stub = pb_grpc.RemotePartitionerStub(channel)
         future = stub.UploadBlobs.future(stalled_upload(), timeout=60)
         try:
             # While the stalled stream holds 10 of the 12 MiB, another 10 MiB blob is refused
-            # at once with a RetryInfo.
+            # at once with a RetryInfo. (Until the server has read the stalled stream's first
+            # message, the other blob's first MiB is taken and discarded as incomplete: ask
+            # again, a bounded number of times, well inside the stalled stream's idle time.)
             time.sleep(0.5)
             other = b"\2" * (10 * MIB)
-            with pytest.raises(grpc.RpcError) as refused:
-                stub.UploadBlobs(iter([pb.UploadBlobsRequest(
-                    digest=digest_of(other), offset=0, data=other[:MIB])]), timeout=30)
-            error = from_rpc_error(refused.value)
+            for _ in range(30):
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.UploadBlobs(iter([pb.UploadBlobsRequest(
+                        digest=digest_of(other), offset=0, data=other[:MIB])]), timeout=30)
+                error = from_rpc_error(refused.value)
+                if error.reason != Reason.INCOMPLETE_BLOB.value:
+                    break
+                time.sleep(0.1)
             assert (error.code, error.reason) == (
                 grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.OVERLOADED.value
             ), error
@@ -168,7 +183,7 @@ def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "3")
+@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "10")
 def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
     server: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -178,20 +193,21 @@ def test_the_client_retries_an_upload_refused_for_bytes_in_flight(
     ep = torch.export.export(model, inputs)
     local = bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
                   .to_executorch().buffer)
-    # A stalled stream holds 3.5 of the 4 MiB until the server cancels it (3 s idle), so the
-    # client's first uploads are refused as OVERLOADED; it waits as told and tries again.
+    # A stalled stream holds 3.5 of the 4 MiB until the server cancels it (10 s idle), so the
+    # client's first uploads are refused as OVERLOADED; it waits as told (1 s) and tries again,
+    # up to 20 times. (The export runs before the stall: only the lowering runs inside it.)
+    ep = torch.export.export(model, inputs)
+    # The weights must cross for this: sent with every program (not withheld).
+    remote = RemotePartitioner(server, "xnnpack", timeout=120, max_retries=20,
+                               withhold_tensors=False)
     with StalledStreams(server, 1, "upload", blob_bytes=7 * MIB // 2):
-        # The weights must cross for this: sent with every program (not withheld).
-        remote = RemotePartitioner(server, "xnnpack", timeout=120, max_retries=20,
-                                   withhold_tensors=False)
-        ep = torch.export.export(model, inputs)
         pte = bytes(to_edge_transform_and_lower(ep, partitioner=[remote]).to_executorch().buffer)
     assert pte == local
     assert remote.stats["overloaded_retries"] >= 1, remote.stats
 
 
 @pytest.mark.slow
-@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "3")
+@pytest.mark.server_args("--max-inflight-bytes", str(4 * MIB), "--stream-idle-seconds", "10")
 def test_the_lower_client_retries_an_upload_refused_for_bytes_in_flight(server: str) -> None:
     import io
 
