@@ -40,8 +40,8 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-#: A blocked server answers no unary call until the stalled streams end (their idle time, 30 s
-#: and more here); a serving one answers at once. This bound tells the two apart on a loaded
+#: A blocked server answers no unary call until the stalled streams end (their idle time: 60 s
+#: and 120 s here); a serving one answers at once. This bound tells the two apart on a loaded
 #: 2-core machine; the latencies themselves are bench/load.py's to measure.
 PROMPT_SECONDS = 5.0
 

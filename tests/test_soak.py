@@ -340,8 +340,8 @@ def test_shutdown_finishes_the_call_in_flight(
         # get in while the signal reaches the server's main thread, and a call that reaches the
         # server just as grpc's shutdown begins is CANCELLED by grpc itself (a race in grpc's
         # core, seen on CI); any other failure fails the test. (The held partition() keeps the
-        # call in flight however long this takes: the bound only stops a server that never
-        # refuses.)
+        # call in flight for the whole bound, which is well inside the grace: the bound only
+        # stops a server that never refuses.)
         new_call: grpc.RpcError | None = None
         accepted, cancelled = 0, 0
         while new_call is None and time.monotonic() - sigterm < REFUSE_WITHIN_S:
