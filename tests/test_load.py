@@ -149,10 +149,11 @@ def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
             # again, a bounded number of times, well inside the stalled stream's idle time.)
             time.sleep(0.5)
             other = b"\2" * (10 * MIB)
+            other_digest = digest_of(other)
             for _ in range(30):
                 with pytest.raises(grpc.RpcError) as refused:
                     stub.UploadBlobs(iter([pb.UploadBlobsRequest(
-                        digest=digest_of(other), offset=0, data=other[:MIB])]), timeout=30)
+                        digest=other_digest, offset=0, data=other[:MIB])]), timeout=30)
                 error = from_rpc_error(refused.value)
                 if error.reason != Reason.INCOMPLETE_BLOB.value:
                     break
@@ -176,10 +177,10 @@ def test_idle_upload_is_cancelled_and_its_bytes_released(server: str) -> None:
         missing = stub.FindMissingBlobs(pb.FindMissingBlobsRequest(digests=[digest]), timeout=10)
         assert list(missing.missing_digests) == [digest]
         committed = stub.UploadBlobs(iter(
-            pb.UploadBlobsRequest(digest=digest_of(other), offset=off, data=other[off:off + MIB])
+            pb.UploadBlobsRequest(digest=other_digest, offset=off, data=other[off:off + MIB])
             for off in range(0, len(other), MIB)
         ), timeout=30)
-        assert list(committed.committed_digests) == [digest_of(other)]
+        assert list(committed.committed_digests) == [other_digest]
 
 
 @pytest.mark.slow
