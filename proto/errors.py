@@ -51,6 +51,9 @@ class Reason(str, enum.Enum):
     #: A hook on a program with withheld tensors used one for more than its metadata: the
     #: client sends the program again with its tensors' data.
     TENSOR_DATA_REQUIRED = "TENSOR_DATA_REQUIRED"
+    #: A request message's bytes do not parse as the method's request type (gRPC's
+    #: convention: INTERNAL); metadata ``method`` and ``message_type`` name them.
+    UNPARSABLE_REQUEST = "UNPARSABLE_REQUEST"
 
 
 _C = grpc.StatusCode
@@ -78,6 +81,7 @@ STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
         Reason.DEADLINE_PASSED: _C.DEADLINE_EXCEEDED,
         Reason.STREAM_IDLE: _C.DEADLINE_EXCEEDED,
         Reason.UNKNOWN_BACKEND: _C.NOT_FOUND,
+        Reason.UNPARSABLE_REQUEST: _C.INTERNAL,
         Reason.TENSOR_DATA_REQUIRED: _C.FAILED_PRECONDITION,
     }
 )

@@ -27,6 +27,7 @@ from remote_partitioner.server.registry import Registry, default_registry
 from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import RemotePartitionerServicer
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
+from remote_partitioner.server.unparsable import UnparsableRequestInterceptor
 
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
@@ -176,7 +177,12 @@ def create_server(
     handle = Server()
 
     async def build() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+        # Innermost: request bytes that do not parse end INTERNAL after the other interceptors
+        # (authentication first; observability records the call).
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS,
+            interceptors=[*interceptors, UnparsableRequestInterceptor()],
+        )
         servicer = RemotePartitionerServicer(instance, io_threads=io_threads)
         pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
         health_servicer = health_aio.HealthServicer()

@@ -22,11 +22,10 @@ evaluated or unpickled what the client sends (node targets naming ``os.system`` 
 a ``touch FILE`` argument, symbolic sizes and placeholder targets that are Python, pickles whose
 loading opens a file for writing, as graphs, tensor storages and PT2 archives or their members):
 the files must not appear. Last, lone surrogates in graph JSON, unbounded error messages, and
-request bytes that are not a message.
+request bytes that are not a message (tests/test_undecodable.py: INTERNAL on every method).
 
 What the property tests found is fixed, with a regression test naming each input; the property
-tests discard no input for hitting a bug. One ``xfail(strict=True)`` test pins what is not this
-project's to fix (grpcio's answer to request bytes that are not a message).
+tests discard no input for hitting a bug.
 
 Runs are reproducible (``derandomize=True``, no example database) and bounded: the whole file
 takes about a minute on two cores.
@@ -1643,47 +1642,3 @@ def test_lone_surrogates_in_graph_json(
         except AssertionError as e:
             raise AssertionError(f"surrogate in {label}: {e}") from e
     harness.assert_serving()
-
-
-@pytest.fixture(scope="module")
-def scratch() -> Iterator[Harness]:
-    """A server of its own for the test below, whose calls end in gRPC's own errors."""
-    server, port = create_server("127.0.0.1:0")
-    server.start()
-    h = Harness(BlobStore(), f"127.0.0.1:{port}")
-    try:
-        yield h
-    finally:
-        h.close()
-        stop_bounded(server, 10)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="request bytes that are not the RPC's message never reach the servicer: grpcio's "
-    "generated handlers (server/app.py registers pb_grpc.add_RemotePartitionerServicer_to_server) "
-    "fail to deserialize them and answer INTERNAL 'Exception deserializing request!' with no "
-    "google.rpc.Status; the .proto documents INTERNAL only for UNREPRESENTABLE_RESULT",
-)
-@pytest.mark.parametrize("rpc", [*HOOKS, "FindMissingBlobs", "ReadBlobs", "UploadBlobs"])
-def test_unparsable_request_bytes(scratch: Harness, rpc: str) -> None:
-    harness = scratch
-    garbage = b"\xff\xff\xff\xff"
-    with pytest.raises(DecodeError):
-        pb.PartitionRequest.FromString(garbage)
-    method = f"/{SERVICE_NAME}/{rpc}"
-    try:
-        raw: dict[str, Any] = {"request_serializer": None, "response_deserializer": None}
-        if rpc == "UploadBlobs":
-            harness.channel.stream_unary(method, **raw)(iter([garbage]), timeout=RPC_TIMEOUT)
-        elif rpc == "ReadBlobs":
-            list(harness.channel.unary_stream(method, **raw)(garbage, timeout=RPC_TIMEOUT))
-        else:
-            harness.channel.unary_unary(method, **raw)(garbage, timeout=RPC_TIMEOUT)
-    except grpc.RpcError as e:
-        outcome = harness._failed(rpc, e)
-        assert outcome.reason == "INVALID_PROGRAM" or outcome.code is Code.INVALID_ARGUMENT
-    else:
-        pytest.fail(f"{rpc} accepted {garbage!r}")
-    finally:
-        harness.assert_serving()

@@ -92,6 +92,7 @@ class RemotePartitionerServicer:
 
         Status codes:
         * OK: always, unless the server is shutting down (UNAVAILABLE).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,6 +106,7 @@ class RemotePartitionerServicer:
         * OK: `missing_digests` lists the blobs to upload (possibly none).
         * INVALID_ARGUMENT: a digest is not 64 lowercase hex characters, or a size is negative
         (reason `INVALID_DIGEST`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,6 +130,7 @@ class RemotePartitionerServicer:
         are stored).
         * DEADLINE_EXCEEDED: no chunk arrived for the server's idle time; the blob in progress is
         discarded (reason `STREAM_IDLE`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +145,7 @@ class RemotePartitionerServicer:
         * NOT_FOUND: a blob the server does not hold (reason `BLOB_NOT_FOUND`).
         * DEADLINE_EXCEEDED: the client took no message for the server's idle time (reason
         `STREAM_IDLE`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,6 +177,7 @@ class RemotePartitionerServicer:
         `SIZE_MISMATCH`).
         * INTERNAL: a result that cannot be represented on the wire; the message names the node and
         metadata key (reason `UNREPRESENTABLE_RESULT`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +189,7 @@ class RemotePartitionerServicer:
         graph of the program.
 
         Status codes: as for `Partition`.
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +203,7 @@ class RemotePartitionerServicer:
         `unchanged` when the hook returned it untouched without using the values; a transform
         that returned another program is answered `TENSOR_DATA_REQUIRED`, since the new program's
         tensors are sent back with their data.
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +229,7 @@ class RemotePartitionerServicer:
         * DEADLINE_EXCEEDED: the deadline passed before lowering started (reason
         `DEADLINE_PASSED`), or the client took no `.pte` chunk for the server's idle time (reason
         `STREAM_IDLE`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -255,6 +263,7 @@ class RemotePartitionerServicer:
         `DEADLINE_PASSED`).
         * INTERNAL: a result that cannot be represented on the wire (reason
         `UNREPRESENTABLE_RESULT`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
