@@ -156,7 +156,7 @@ def concurrent_uploads(max_inflight: int | None) -> dict[str, Any]:
             "bytes_each": UPLOAD_BYTES, "seconds": time.monotonic() - t0,
             "refused": sum(refused), "server_rss_before": baseline,
             "server_peak_rss": peak_rss(proc.pid),
-            # Large blobs live in memory files, outside the RSS (see server/blobstore.py).
+            # Large blobs live in memory files, outside the RSS (see server/blobstore/buffer.py).
             "server_memory_file_bytes": memory_file_bytes(proc.pid),
         }
 

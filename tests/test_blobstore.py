@@ -142,7 +142,7 @@ def test_without_a_descriptor_a_large_blob_is_kept_in_memory(
 ) -> None:
     import errno
 
-    from remote_partitioner.server import blobstore
+    from remote_partitioner.server.blobstore import buffer as blobstore
 
     def no_descriptor(name: str, flags: int = 0) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
