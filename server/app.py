@@ -46,6 +46,13 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 _T = TypeVar("_T")
+
+
+class BindError(RuntimeError):
+    """The server's address cannot be bound: another socket holds the port, or the host is not
+    an address of this machine."""
+
+
 #: Seconds the blocking methods wait for the loop to do something quick (bind, start).
 _LOOP_TIMEOUT = 60.0
 
@@ -152,6 +159,7 @@ def create_server(
     io_threads: int = 4,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
+    share_port: bool = False,
 ) -> tuple[Server, int]:
     """Create (not start) a server for the service on ``address``; return it and its port.
 
@@ -164,8 +172,14 @@ def create_server(
     it off). ``io_threads`` threads hash, store and read blobs. ``backends`` are the backends
     ``Preprocess`` runs (default: the built-in ones and plugins).
 
+    The port is the server's alone: an address another socket holds is refused, whatever
+    options that socket set (gRPC sets ``SO_REUSEPORT`` by default, which would let two
+    servers split the connections and a forgotten one answer some calls). ``share_port=True``
+    sets ``SO_REUSEPORT``, so that sibling processes that all set it serve one port (``serve
+    --workers``).
+
     Raises:
-        RuntimeError: the address cannot be bound.
+        BindError: the address cannot be bound (a ``RuntimeError``).
     """
     instance = PartitionerInstance(
         registry if registry is not None else default_registry(),
@@ -180,7 +194,7 @@ def create_server(
         # Innermost: request bytes that do not parse end INTERNAL after the other interceptors
         # (authentication first; observability records the call).
         server = grpc.aio.server(
-            options=SERVER_OPTIONS,
+            options=[*SERVER_OPTIONS, ("grpc.so_reuseport", int(share_port))],
             interceptors=[*interceptors, UnparsableRequestInterceptor()],
         )
         servicer = RemotePartitionerServicer(instance, io_threads=io_threads)
@@ -202,13 +216,14 @@ def create_server(
     try:
         return handle, handle.bind(build)
     except RuntimeError as e:
-        raise RuntimeError(f"cannot bind {address}: {e}") from e
+        raise BindError(f"cannot bind {address}: {e}") from e
 
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "SERVER_OPTIONS",
     "SERVICE_NAME",
+    "BindError",
     "Server",
     "create_server",
     "versions_key",

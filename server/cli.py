@@ -29,6 +29,11 @@ from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 
 logger = logging.getLogger("remote_partitioner.server")
 
+#: ``serve``'s exit codes: stopped by SIGTERM/SIGINT (after its calls finished), a usage error
+#: or an unsafe security setup (argparse), the address cannot be bound (in use by another
+#: server, or not this machine's).
+EXIT_OK, EXIT_USAGE, EXIT_CANNOT_LISTEN = 0, 2, 4
+
 
 def _security(
     args: argparse.Namespace, parser: argparse.ArgumentParser
@@ -71,7 +76,7 @@ def _security(
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from remote_partitioner.server.app import create_server
+    from remote_partitioner.server.app import BindError, create_server
     from remote_partitioner.server.backend_registry import default_backend_registry
     from remote_partitioner.server.blobstore import open_blob_store
     from remote_partitioner.server.instance import versions_key
@@ -106,13 +111,17 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     interceptors = [
         ObservabilityInterceptor(metrics, known_partitioners=registry.names()), *interceptors
     ]
-    server, port = create_server(
-        args.address, registry=registry,
-        backends=default_backend_registry(plugins=not args.no_plugins), blob_store=store,
-        limits=limits,
-        result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
-        io_threads=args.threads, interceptors=interceptors, credentials=credentials,
-    )
+    try:
+        server, port = create_server(
+            args.address, registry=registry,
+            backends=default_backend_registry(plugins=not args.no_plugins), blob_store=store,
+            limits=limits,
+            result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
+            io_threads=args.threads, interceptors=interceptors, credentials=credentials,
+            share_port=args.share_port,
+        )
+    except BindError:
+        return _cannot_listen(args.address)
     if metrics is not None:
         assert server.servicer is not None
         metrics.bind_server(server.servicer.streams)
@@ -142,6 +151,17 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _cannot_listen(address: str) -> int:
+    """Say that ``address`` cannot be bound; return :data:`EXIT_CANNOT_LISTEN`."""
+    print(
+        f"remote-partitioner serve: cannot listen on {address}: the address is in use (is "
+        "another server running there? stop it, or choose another --address; port 0 picks a "
+        "free one) or is not an address of this machine",
+        file=sys.stderr, flush=True,
+    )
+    return EXIT_CANNOT_LISTEN
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -153,7 +173,12 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand and its flags to an argparse subparsers object (from
     ``add_subparsers(dest="command")``); return its parser (:func:`run_serve` reports usage
     errors through it). Imports nothing heavy."""
-    serve: argparse.ArgumentParser = sub.add_parser("serve", help="run the server")
+    serve: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the server",
+        epilog="exit codes: 0 stopped by SIGTERM/SIGINT once its calls finished; 2 usage "
+        "error or unsafe security setup; 4 the address cannot be bound (another server holds "
+        "the port, or the host is not this machine's)",
+    )
     serve.add_argument("--address", default=DEFAULT_ADDRESS,
                        help=f"HOST:PORT to listen on (default {DEFAULT_ADDRESS}; port 0 = any)")
     serve.add_argument("--threads", type=_positive, default=4,
@@ -175,6 +200,9 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument("--grace", type=float, default=30.0,
                        help="seconds in-flight calls get to finish on SIGTERM/SIGINT "
                        "(default 30)")
+    # The port is this process's alone unless its supervisor (--workers) shares it among its
+    # workers: each worker runs with this flag (SO_REUSEPORT); a second `serve` is refused.
+    serve.add_argument("--share-port", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--no-plugins", action="store_true",
                        help="host only the built-in partitioners, not entry-point plugins")
     serve.add_argument("--no-pattern-memo", action="store_true",
@@ -236,6 +264,8 @@ def run_serve(args: argparse.Namespace, argv: Sequence[str],
         from remote_partitioner.server import workers
 
         _security(args, serve)  # refuse what one worker would refuse, before starting any
+        if not workers.port_is_free(args.address):
+            return _cannot_listen(args.address)
         return workers.supervise(list(argv), args.address, args.workers, args.blob_dir,
                                  args.grace, args.metrics_port)
     return _serve(args, serve)

@@ -2,8 +2,9 @@
 
 gRPC Python serves a process's calls with one interpreter, and ExecuTorch's partitioners hold
 the GIL and process-wide state, so one process partitions on one core. To use N cores, a small
-supervisor (this module) reserves the port, starts N ``serve`` processes that each bind it with
-``SO_REUSEPORT`` (gRPC sets that option by default on Linux), and the kernel spreads incoming
+supervisor (this module) checks that no other socket holds the port, reserves it, starts N
+``serve --share-port`` processes that each bind it with ``SO_REUSEPORT`` (a plain ``serve``
+does not, so that it refuses a port another server holds), and the kernel spreads incoming
 connections over them. A channel is one connection, so every call of one client stays on one
 worker; the workers also share one blob store directory, so a client that reconnects to
 another worker finds the blobs it uploaded (see ``examples/python/multiprocessing`` in grpc).
@@ -57,6 +58,22 @@ def reserve_port(host: str, port: int) -> Iterator[int]:
         yield sock.getsockname()[1]
     finally:
         sock.close()
+
+
+def port_is_free(address: str) -> bool:
+    """Whether ``address`` (``HOST:PORT``) can be bound by a socket that shares nothing: False
+    while any other socket holds the port, with ``SO_REUSEPORT`` or without (another server,
+    or another ``--workers`` group). Port 0 is always free."""
+    host, port = _split_address(address)
+    if port == 0:
+        return True
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -122,7 +139,8 @@ def supervise(argv: Sequence[str], address: str, workers: int, blob_dir: str | N
     """Run ``serve`` ``argv`` as ``workers`` processes sharing ``address``'s port; return the
     exit status once SIGTERM or SIGINT stopped them all.
 
-    Each worker gets ``--address HOST:PORT --workers 1`` (the reserved port) and
+    Each worker gets ``--address HOST:PORT --workers 1 --share-port`` (the reserved port,
+    bound with ``SO_REUSEPORT``) and
     ``--blob-dir`` (``blob_dir``, or a temporary directory removed at exit); with
     ``metrics_port`` P (not 0), worker i serves its metrics on P + i.
     """
@@ -139,7 +157,8 @@ def supervise(argv: Sequence[str], address: str, workers: int, blob_dir: str | N
     try:
         with reserve_port(host, port) as port:
             def args(i: int) -> list[str]:
-                extra = ["--address", f"{host}:{port}", "--workers", "1", "--blob-dir", directory]
+                extra = ["--address", f"{host}:{port}", "--workers", "1", "--share-port",
+                         "--blob-dir", directory]
                 if metrics_port:
                     extra += ["--metrics-port", str(metrics_port + i)]
                 return [*argv, *extra]
