@@ -300,25 +300,25 @@ def test_memoized_quantizer_pattern_graphs_quantize_the_same(backend: str) -> No
         setattr(utils, name, original)
 
 
-def test_readme_table_states_what_the_logs_hold() -> None:
-    """The README's table of conformance results (a row per flow and suite: tests complete,
+def test_results_table_states_what_the_logs_hold() -> None:
+    """docs/conformance.md's table of results (a row per flow and suite: tests complete,
     comparisons identical to local) says what the logs in ``conformance/results`` hold, as
     ``--summary`` counts them, and has a row for every flow and suite they hold. (It reads the
-    work tree: a run appending to those logs makes it fail until the README says so too.)"""
+    work tree: a run appending to those logs makes it fail until the table says so too.)"""
     conformance = _conformance_module()
     logs = sorted((ROOT / "conformance" / "results").glob("*.jsonl"))
     assert logs
     table = conformance.log_table(conformance.read_log(logs), [])  # type: ignore[attr-defined]
     ran = {label: row for label, row in table.items() if row["complete"]}
-    readme = (ROOT / "README.md").read_text().split("\n## Conformance\n", 1)[1]
+    doc = (ROOT / "docs" / "conformance.md").read_text().split("\n## Results\n", 1)[1]
     rows = {}
-    for line in readme.splitlines():
+    for line in doc.split("\n## ", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and ", " in cells[0] and cells[0].split(", ")[1] in ("operators",
                                                                                 "models"):
             complete = int(cells[1].split()[0])
             identical, _, compared = cells[2].split()[:3]
             rows[cells[0]] = (complete, int(identical), int(compared))
-    assert rows, "no table in the README's Conformance section"
+    assert rows, "no table in docs/conformance.md's Results section"
     assert rows == {label: (int(r["complete"]), int(r["identical"]), int(r["tests"]))
                     for label, r in ran.items()}
