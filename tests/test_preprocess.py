@@ -559,7 +559,10 @@ def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
     program.CopyFrom(encoded.message)
     program.graph.CopyFrom(codec.digest_of(bad_graph))
     raw = program.SerializeToString(deterministic=True)
-    blobs = {**encoded.blobs, program.graph.hash: bad_graph, codec.digest_of(raw).hash: raw}
+    # The program itself, which passes the graph check: a rule about the request reached.
+    good = encoded.message.SerializeToString(deterministic=True)
+    blobs = {**encoded.blobs, program.graph.hash: bad_graph, codec.digest_of(raw).hash: raw,
+             codec.digest_of(good).hash: good}
     missing = pb.Digest(hash="0" * 64, size_bytes=10)
 
     def request(digest: pb.Digest, *, n: int = 1, multimethod: bool = False) -> Any:
@@ -576,7 +579,7 @@ def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
         cases = {
             "no program": (pb.PreprocessRequest(backend_id="XnnpackBackend"),
                            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM"),
-            "two for preprocess": (request(codec.digest_of(raw), n=2),
+            "two for preprocess": (request(codec.digest_of(good), n=2),
                                    grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PROGRAM"),
             "missing blob": (request(missing), grpc.StatusCode.FAILED_PRECONDITION,
                              "BLOB_MISSING"),
@@ -591,6 +594,11 @@ def test_bad_preprocess_requests(server_address: str, tmp_path: Path) -> None:
             err = from_rpc_error(e.value)  # the ErrorInfo reason, as the client reads it
             assert isinstance(err, RemotePartitionerError)
             assert (e.value.code(), err.reason) == (code, reason), (what, e.value.details())
+            if what == "two for preprocess":  # the rule it names, not another one
+                assert "preprocess takes one program" in e.value.details(), e.value.details()
+        # The program "two for preprocess" sends twice is preprocessed when sent once.
+        one = stub.Preprocess(request(codec.digest_of(good)), timeout=120)
+        assert [m.name for m in one.methods] == ["forward"]
         assert not touched.exists(), "a node target was run"
         # The server keeps serving.
         stub.ListPartitioners(pb.ListPartitionersRequest(), timeout=60)
