@@ -341,7 +341,7 @@ def _check_treespec(value: str, field: str) -> None:
             for k in keys:
                 if isinstance(k, str) and not (k.isprintable() and _FQN_PART.match(k)):
                     raise ProgramDecodeError(f"{field} key {k[:200]!r} is refused")
-        specs.extend(s.children_specs)
+        specs.extend(s.children())
 
 
 # guards_code: Python that ExportedProgram.module() execs (with builtins) when the program

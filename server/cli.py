@@ -76,20 +76,19 @@ def _security(
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from remote_partitioner.server.observability import configure_logging
+
+    # First: torch and the backends log (and warn) while they are imported.
+    configure_logging(args.log_level)
     from remote_partitioner.server.app import BindError, create_server
     from remote_partitioner.server.backend_registry import default_backend_registry
     from remote_partitioner.server.blobstore import open_blob_store
     from remote_partitioner.server.instance import versions_key
-    from remote_partitioner.server.observability import (
-        Metrics,
-        ObservabilityInterceptor,
-        configure_logging,
-    )
+    from remote_partitioner.server.observability import Metrics, ObservabilityInterceptor
     from remote_partitioner.server.registry import default_registry
     from remote_partitioner.server.results import ResultCache
 
     credentials, interceptors = _security(args, parser)
-    configure_logging(args.log_level)
     store = open_blob_store(args.cache_bytes, args.blob_dir)
     metrics = Metrics(store) if args.metrics_port is not None else None
     limits = Limits(
@@ -162,6 +161,10 @@ def _cannot_listen(address: str) -> int:
     return EXIT_CANNOT_LISTEN
 
 
+#: ``serve --log-level`` choices (given in any case).
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -222,15 +225,16 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     limits = serve.add_argument_group("limits")
     defaults = Limits()
     limits.add_argument("--max-blob-bytes", type=int, default=defaults.max_blob_bytes,
-                        help="largest blob accepted")
+                        help=f"largest blob accepted (default {defaults.max_blob_bytes})")
     limits.add_argument("--max-program-bytes", type=int, default=defaults.max_program_bytes,
-                        help="largest program (all its blobs)")
+                        help="largest program, all its blobs "
+                        f"(default {defaults.max_program_bytes})")
     limits.add_argument("--max-nodes", type=int, default=defaults.max_nodes,
-                        help="most nodes in one program")
+                        help=f"most nodes in one program (default {defaults.max_nodes})")
     limits.add_argument("--max-concurrent", type=_positive,
                         default=defaults.max_concurrent_hooks,
                         help="hook calls admitted at once; beyond, RESOURCE_EXHAUSTED with "
-                        "RetryInfo")
+                        f"RetryInfo (default {defaults.max_concurrent_hooks})")
     limits.add_argument("--max-inflight-bytes", type=_positive,
                         default=defaults.max_inflight_bytes,
                         help="upload bytes in flight at once (declared blob sizes); a new blob "
@@ -238,15 +242,18 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
                         f"(default {defaults.max_inflight_bytes})")
     limits.add_argument("--stream-idle-seconds", type=float,
                         default=defaults.stream_idle_seconds,
-                        help="cancel a stream with no message either way for this long "
-                        f"(DEADLINE_EXCEEDED; default {defaults.stream_idle_seconds:g})")
+                        help="cancel a stream with no message either way for this long, "
+                        "with DEADLINE_EXCEEDED "
+                        f"(default {defaults.stream_idle_seconds:g})")
     ops = serve.add_argument_group("observability")
     ops.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port (0 = any; default: off)")
     ops.add_argument("--metrics-address", default="127.0.0.1",
                      help="address of the metrics endpoint (default 127.0.0.1)")
-    ops.add_argument("--log-level", default="WARNING",
-                     help="Python logging level; INFO logs one line per call (default WARNING)")
+    ops.add_argument("--log-level", default="WARNING", type=str.upper, choices=_LOG_LEVELS,
+                     help="what the server writes to stderr, any case: WARNING warnings and "
+                     "errors only; INFO also one line per call and the backends' progress; "
+                     "DEBUG everything (default WARNING)")
     return serve
 
 
