@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import grpc
 
 from remote_partitioner.proto.errors import Reason, ServiceError
+from remote_partitioner.server.handlers import rewrap
 from remote_partitioner.server.status import make_status
 
 #: ``ErrorInfo.metadata`` keys of an ``UNPARSABLE_REQUEST`` status.
@@ -151,20 +152,10 @@ class UnparsableRequestInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_deserializer is None:
             return handler
         method = str(handler_call_details.method)  # type: ignore[attr-defined]
-        kinds: list[tuple[Any, Callable[..., Any], bool]] = [
-            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, False),
-            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, False),
-            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, True),
-            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, True),
-        ]
-        for behavior, make, streaming_in in kinds:
-            if behavior is not None:
-                return make(  # type: ignore[no-any-return]
-                    _guarded(behavior, streaming_in),
-                    request_deserializer=_tolerant(handler.request_deserializer, method),
-                    response_serializer=handler.response_serializer,
-                )
-        return handler
+        return rewrap(
+            handler, _guarded,
+            request_deserializer=_tolerant(handler.request_deserializer, method),
+        )
 
 
 __all__ = [
