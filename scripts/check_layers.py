@@ -1,7 +1,7 @@
 """Check the import layering of the package: exit 1, naming every offending import, if it is
 broken.
 
-The rules (README, Architecture)::
+The rules (docs/development.md, Layering)::
 
     proto/   remote_partitioner.proto    imports no other layer
     client/  remote_partitioner.client   imports proto only
