@@ -10,8 +10,10 @@ checks it, see ``scripts/check_layers.py``). Run it as ``remote-partitioner ...`
 Importing it loads gRPC and the generated messages but neither torch nor ExecuTorch: the server
 imports them when it is built, the client commands never.
 
-Exit codes: those of the command run (``serve``: 0 after a signal stopped it; client
-commands: see :mod:`remote_partitioner.client.cli`); 2 for a usage error.
+Exit codes: those of the command run (``serve``: 0 after a signal stopped it, 4 when its
+address cannot be bound, e.g. another server holds the port; client
+commands: see :mod:`remote_partitioner.client.cli`); 2 for a usage error. ``--version``
+prints the versions of this package, torch and ExecuTorch installed here.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from remote_partitioner.client import cli as client_cli
 from remote_partitioner.server import cli as server_cli
@@ -26,16 +29,44 @@ from remote_partitioner.server import cli as server_cli
 __all__ = ["build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors in a client command run with ``--json`` are
+    printed as that command line's JSON error object (on stderr, exit 2)."""
+
+    #: Set by :func:`main` when the command line holds ``--json``.
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.rsplit(" ", 1)[-1]
+        if self.json_errors and command in client_cli.COMMANDS:
+            client_cli.usage_error(command, message, as_json=True)
+        super().error(message)
+
+
+class _Version(argparse.Action):
+    """``--version``: the versions installed here, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print this package's, torch's and ExecuTorch's versions, exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(client_cli.versions())
+        parser.exit()
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The whole command line's parser and its ``serve`` subparser (importing nothing
     heavy): ``serve`` as :func:`remote_partitioner.server.cli.add_serve_command` declares it,
     then the client commands as :func:`remote_partitioner.client.cli.add_commands` does."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="remote-partitioner",
         description="Host ExecuTorch partitioners over gRPC (serve), and use them "
-        "(list, partition, lower).",
+        "(list, partition, lower; report turns a saved report into its page). "
+        "The command line's reference: docs/cli.md.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = server_cli.add_serve_command(sub)
     client_cli.add_commands(sub)
     return parser, serve
@@ -46,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     process exit status (argparse exits with 2 on a usage error)."""
     parser, serve = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in raw
     args = parser.parse_args(raw)
     if args.command == "serve":
         return server_cli.run_serve(args, raw, serve)

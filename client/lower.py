@@ -44,6 +44,8 @@ class LowerClient:
             upload past its in-flight bound or a lowering past its queue) is made again, each
             after the delay its ``RetryInfo`` names (at most
             :data:`~remote_partitioner.client.errors.MAX_RETRY_DELAY_S`).
+        request_id: sent as ``x-request-id`` with every call (the server logs it); None
+            sends none and the server picks one.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class LowerClient:
         token: str | None = None,
         timeout: float | None = None,
         max_retries: int = 5,
+        request_id: str | None = None,
     ) -> None:
         self.channel = open_channel(target, credentials)
         self.max_retries = max_retries
@@ -62,7 +65,7 @@ class LowerClient:
         self.stub = pb_grpc.RemotePartitionerStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
-        )
+        ) + ((("x-request-id", request_id),) if request_id else ())
         self.timeout = timeout
 
     def close(self) -> None:

@@ -1,5 +1,7 @@
 """The Node.js client (client/node) against a real server process: `list`, `lower` (whose `.pte`
-must equal the local lowering's, byte for byte), and its exit codes.
+must equal the local lowering's, byte for byte), and its exit codes. What it shares with the
+Python CLI (output, JSON, errors, local checks) is compared case by case in
+tests/test_cli_table.py.
 
 Skipped only when `node` or `npm` is not on PATH. The client's dependencies are installed with
 `npm ci` from its committed lock file when client/node/node_modules is absent.
@@ -127,21 +129,22 @@ def test_lower_matches_local(
     ).to_executorch().buffer
     remote = out.read_bytes()
     assert remote == local, f"node .pte ({len(remote)} bytes) != local ({len(local)} bytes)"
-    assert answer["pte"]["size_bytes"] == len(local)
-    assert answer["output"] == str(out)
-    [method] = answer["report"]["methods"]
+    assert answer["output"]["bytes"] == len(local)
+    assert answer["output"]["path"] == str(out)
+    assert answer["model"] == archive.name and answer["partitioners"] == ["xnnpack"]
+    [method] = answer["methods"]
     assert method["method"] == "forward"
     assert [d["backend_id"] for d in method["delegated"]] == ["XnnpackBackend"]
+    assert isinstance(method["total_nodes"], int)  # a number, not protobuf JSON's string
     assert not list(tmp_path.glob("*.tmp-*")), "the temporary .pte was left behind"
 
-    # The archive is on the server now: a second lowering uploads nothing and gives the same.
+    # Again, with a spec: the same .pte.
     again = tmp_path / "again.pte"
     result = run_cli(
         node_client, "lower", str(archive), "-o", str(again), "--partitioner", "xnnpack",
         "--spec", "per_op_mode=false", "--target", server_address, "--json",
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["uploaded"] == {"blobs": 0, "bytes": 0}
     assert again.read_bytes() == local
 
     # Text output: the report and the file written.
@@ -150,8 +153,8 @@ def test_lower_matches_local(
         "--target", server_address,
     )
     assert result.returncode == 0, result.stderr
-    assert "XnnpackBackend: 1 partition(s)" in result.stdout
-    assert f"wrote {again} ({len(local)} bytes" in result.stdout
+    assert "in 1 partition\n" in result.stdout
+    assert f"wrote {again} ({len(local)} bytes, sha256 " in result.stdout
 
 
 def test_lower_server_error_reason(
@@ -163,10 +166,10 @@ def test_lower_server_error_reason(
         "--target", server_address, "--json",
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    error = json.loads(result.stdout)["error"]
-    assert error["code_name"] == "NOT_FOUND"
+    assert result.stdout == ""  # with --json an error goes to stderr, as one JSON object
+    error = json.loads(result.stderr)["error"]
+    assert (error["kind"], error["code"]) == ("server", "NOT_FOUND")
     assert error["reason"] == "UNKNOWN_PARTITIONER"
-    assert error["domain"] == "remote-partitioner"
     assert not out.exists()
 
     result = run_cli(
@@ -175,7 +178,7 @@ def test_lower_server_error_reason(
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "INVALID_ARGUMENT" in result.stderr
-    assert "reason: INVALID_SPEC" in result.stderr
+    assert "[INVALID_SPEC]" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -183,8 +186,10 @@ def test_lower_server_error_reason(
     [
         [],
         ["frobnicate"],
-        ["list"],  # no --target
         ["list", "--target", "127.0.0.1:1", "--no-such-option"],
+        ["list", "--target", "127.0.0.1:1", "--request-id", "not valid"],
+        ["partition", "model.pt2", "--target", "127.0.0.1:1", "--spec", "a=1",
+         "--partitioner", "xnnpack"],
         ["lower", "--target", "127.0.0.1:1", "--partitioner", "xnnpack", "-o", "x.pte"],
         ["lower", "model.pt2", "--target", "127.0.0.1:1", "--partitioner", "xnnpack"],
         ["lower", "model.pt2", "-o", "x.pte", "--target", "127.0.0.1:1"],
@@ -237,15 +242,15 @@ def test_bearer_token(node_client: Path, token_server: str, tmp_path: Path) -> N
 
     result = run_cli(node_client, "list", "--target", token_server, "--json")
     assert result.returncode == 1, result.stdout + result.stderr
-    error = json.loads(result.stdout)["error"]
-    assert (error["code_name"], error["reason"]) == ("UNAUTHENTICATED", "UNAUTHENTICATED")
+    error = json.loads(result.stderr)["error"]
+    assert (error["code"], error["reason"]) == ("UNAUTHENTICATED", "UNAUTHENTICATED")
 
     bad = tmp_path / "bad.token"
     bad.write_text("wrong\n")
     result = run_cli(node_client, "list", "--target", token_server, "--token-file", str(bad))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "PERMISSION_DENIED" in result.stderr
-    assert "reason: PERMISSION_DENIED (remote-partitioner)" in result.stderr
+    assert "[PERMISSION_DENIED]" in result.stderr
     assert "wrong" not in result.stderr
 
 
@@ -254,10 +259,26 @@ def test_unreachable_server_exits_3(node_client: Path, archive: Path, dead_port:
     target = f"127.0.0.1:{dead_port}"
     result = run_cli(node_client, "list", "--target", target)
     assert result.returncode == 3, result.stdout + result.stderr
-    assert "UNAVAILABLE" in result.stderr
+    assert f"cannot reach {target}" in result.stderr
+    assert f"remote-partitioner serve --address {target}" in result.stderr
     result = run_cli(
         node_client, "lower", str(archive), "-o", str(tmp_path / "x.pte"),
         "--partitioner", "xnnpack", "--target", target, "--json",
     )
     assert result.returncode == 3, result.stdout + result.stderr
-    assert json.loads(result.stdout)["error"]["code_name"] == "UNAVAILABLE"
+    error = json.loads(result.stderr)["error"]
+    assert (error["kind"], error["code"], error["exit_code"]) == ("unreachable", "UNAVAILABLE", 3)
+
+
+def test_version_and_help(node_client: Path) -> None:
+    package = json.loads((NODE_DIR / "package.json").read_text())
+    result = run_cli(node_client, "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"remote-partitioner {package['version']} (Node.js client;")
+    for command in ("list", "partition", "lower"):
+        result = run_cli(node_client, command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "(default: 127.0.0.1:50051)" in result.stdout
+        assert "--request-id" in result.stdout and "--tls " in result.stdout
+    result = run_cli(node_client, "lower", "--help")
+    assert "--skip-ir-validity-check" in result.stdout and "--report-only" in result.stdout

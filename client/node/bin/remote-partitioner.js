@@ -1,52 +1,110 @@
 #!/usr/bin/env node
-// remote-partitioner (Node.js): list the partitioners a server hosts, or lower a PT2 archive to a
-// .pte on the server. Exit codes: 0 ok, 1 error (the server refused, or a local failure after
-// the arguments were accepted), 2 usage error, 3 server unreachable (UNAVAILABLE).
+// remote-partitioner (Node.js): the client commands of the Python `remote-partitioner` command
+// line (list, partition, lower), with the same options, defaults, spec syntax, text output,
+// --json schema and exit codes; its reference is docs/cli.md at the repository's root. Not here:
+// `serve` (the server is Python), `report` and `--report` (the HTML page is made by the Python
+// CLI: write --report-json, then `remote-partitioner report REPORT.json -o REPORT.html`).
+//
+// Exit codes: 0 ok; 1 the server refused, the partitioner raised, no answer within --timeout, or
+// a local failure after the upload began; 2 usage error (found before anything is uploaded);
+// 3 the server could not be reached. A closed stdout (`list | head -2`) ends quietly with 1.
 
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 
+import { checkArchive } from '../lib/archive.js';
 import {
   ClientError,
   RemotePartitionerClient,
   RpcError,
+  cpuNodes,
+  listToJson,
   parseSpec,
   readToken,
   reportToJson,
-  specValueToJs,
 } from '../lib/client.js';
+import { DOMAIN } from '../lib/status.js';
 
-const USAGE = `usage:
-  remote-partitioner list  --target HOST:PORT [common options]
-  remote-partitioner lower MODEL.pt2 -o OUT.pte --partitioner NAME [--spec KEY=VALUE ...]
-                           [--partitioner NAME [--spec KEY=VALUE ...] ...]
-                           [--report-only] [--skip-ir-validity-check]
-                           [--report-json REPORT.json] --target HOST:PORT [common options]
+/** Where `serve` listens by default, and so where the commands call unless --target says. */
+export const DEFAULT_TARGET = '127.0.0.1:50051';
+const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
+const COMMANDS = ['list', 'partition', 'lower'];
 
-common options:
-  --target HOST:PORT     the server (any gRPC target: host:port, dns:///name:port, ...)
-  --token-file FILE      send "authorization: Bearer <token>", the file's first token line
-  --tls                  connect with TLS, trusting the system's root certificates
-  --tls-ca PEM           connect with TLS, trusting these root certificates
-  --tls-cert PEM         client certificate chain (mutual TLS; with --tls-key)
-  --tls-key PEM          client private key (mutual TLS)
-  --timeout SECONDS      deadline of each call (default: none)
-  --request-id ID        x-request-id sent with every call (default: a fresh one)
-  --json                 print JSON on stdout (errors too)
-  -h, --help             this text
+const COMMON_HELP = `common options:
+  --target TARGET         the server: any gRPC target (host:port, dns:///name:port, ...)
+                          (default: ${DEFAULT_TARGET})
+  --token-file FILE       send 'authorization: Bearer <token>', the file's first line that
+                          is neither blank nor a # comment
+  --tls                   connect with TLS, trusting the system's root certificates
+  --tls-ca PEM            connect with TLS, trusting these root certificates
+  --tls-cert PEM          client certificate chain (mutual TLS; with --tls-key)
+  --tls-key PEM           client private key (mutual TLS)
+  --timeout SECONDS       deadline of each call, in seconds (none: wait as long as it takes)
+  --request-id ID         x-request-id sent with every call, 1 to 64 of [A-Za-z0-9._-]
+                          (none: a fresh one)
+  --json                  print the result as JSON on stdout, an error as JSON on stderr
+  -h, --help              this text`;
 
---report-json FILE writes the delegation report as JSON (the shape Python's MessageToDict
-gives); \`remote-partitioner report FILE -o report.html\` (Python CLI) turns it into the page.
+const MODEL_HELP = `  MODEL.pt2               a PT2 archive written by torch.export.save
+  --partitioner NAME      a hosted partitioner (see \`list\`); repeat for several, applied in
+                          order (required)
+  --spec KEY=VALUE        a spec entry of the --partitioner before it; repeatable. VALUE:
+                          true/false a bool, 12 an int, 1.5 / 1e-3 / inf / nan a float,
+                          str:TEXT the string TEXT, anything else a string
+  --skip-ir-validity-check
+                          do not verify the edge program's IR after lowering (ExecuTorch's
+                          EdgeCompileConfig(_check_ir_validity=False)); for programs the
+                          check refuses wrongly`;
 
---spec KEY=VALUE belongs to the --partitioner before it (with one --partitioner, to it). VALUE
-"true"/"false" (any case) is a bool, an integer an int, a number with "." or an exponent (or
-inf, nan) a float, anything else a string; "str:TEXT" is always the string TEXT.
+const HELP = {
+  main: `usage: remote-partitioner [-h] [--version] {list,partition,lower} ...
 
-exit codes: 0 ok, 1 error (server refusal or local failure), 2 usage error,
-            3 server unreachable (UNAVAILABLE)`;
+The Node.js client of remote-partitioner: list, partition, lower. The command line's
+reference: docs/cli.md (the server, \`serve\`, and the HTML report, \`report\`, are the Python
+CLI's).
+
+commands:
+  list                    list the hosted partitioners and the server's versions
+  partition               report what the partitioners would delegate in a .pt2 archive
+  lower                   lower a .pt2 archive into a .pte on the server
+
+options:
+  -h, --help              this text
+  --version               print this client's version (and node's, grpc-js'), exit`,
+  list: `usage: remote-partitioner list [options]
+
+List the partitioners the server hosts, their spec keys, and the server's torch / ExecuTorch
+versions.
+
+${COMMON_HELP}`,
+  partition: `usage: remote-partitioner partition MODEL.pt2 --partitioner NAME [--spec KEY=VALUE ...]
+                                    [--partitioner NAME [--spec KEY=VALUE ...] ...] [options]
+
+Report what the partitioners would delegate in a .pt2 archive.
+
+${MODEL_HELP}
+  --report-json REPORT.json
+                          also write the delegation report as JSON (what \`report\` reads)
+
+${COMMON_HELP}`,
+  lower: `usage: remote-partitioner lower MODEL.pt2 -o OUT.pte --partitioner NAME [--spec KEY=VALUE ...]
+                                [--partitioner NAME [--spec KEY=VALUE ...] ...] [options]
+
+Lower a .pt2 archive into a .pte on the server.
+
+${MODEL_HELP}
+  -o, --output OUT.pte    where to write the .pte (required unless --report-only)
+  --report-only           only the delegation report, no .pte (the same as \`partition\`)
+  --report-json REPORT.json
+                          also write the delegation report as JSON (what \`report\` reads)
+
+${COMMON_HELP}`,
+};
 
 const COMMON = {
-  target: { type: 'string' },
+  target: { type: 'string', default: DEFAULT_TARGET },
   'token-file': { type: 'string' },
   tls: { type: 'boolean' },
   'tls-ca': { type: 'string' },
@@ -58,47 +116,66 @@ const COMMON = {
   help: { type: 'boolean', short: 'h' },
 };
 
-const LOWER = {
+const PARTITION = {
   ...COMMON,
-  output: { type: 'string', short: 'o' },
   partitioner: { type: 'string', multiple: true },
   spec: { type: 'string', multiple: true },
-  'report-only': { type: 'boolean' },
   'skip-ir-validity-check': { type: 'boolean' },
   'report-json': { type: 'string' },
 };
 
+const LOWER = {
+  ...PARTITION,
+  output: { type: 'string', short: 'o' },
+  'report-only': { type: 'boolean' },
+};
+
 const usage = (message) => new ClientError(message, 2);
 
+/** A failure as the command line reports it (the --json error object's fields). */
+class Failure {
+  constructor(message, { kind, exitCode, code = null, reason = null, detail = null }) {
+    Object.assign(this, { message, kind, exitCode, code, reason, detail });
+  }
+}
+
 function parse(argv, options) {
+  if (argv.includes('--report')) {
+    throw usage('--report (the HTML page) is the Python CLI\'s: write --report-json REPORT.json ' +
+      'and run `remote-partitioner report REPORT.json -o REPORT.html`');
+  }
   try {
     return parseArgs({ args: argv, options, allowPositionals: true, strict: true, tokens: true });
   } catch (e) {
-    throw usage(e.message);
+    const error = usage(e.message);
+    error.fromParser = true; // argparse prints its usage line before such an error
+    throw error;
   }
 }
 
 function connect(values) {
-  if (!values.target) throw usage('--target HOST:PORT is required');
   let timeoutSeconds = null;
   if (values.timeout !== undefined) {
     timeoutSeconds = Number(values.timeout);
-    if (!(timeoutSeconds > 0)) throw usage(`--timeout wants a positive number of seconds`);
+    if (!(timeoutSeconds > 0 && Number.isFinite(timeoutSeconds))) {
+      throw usage(`argument --timeout: wants a positive number of seconds, got ` +
+        `'${values.timeout}'`);
+    }
+  }
+  const requestId = values['request-id'];
+  if (requestId !== undefined && !REQUEST_ID.test(requestId)) {
+    throw usage('--request-id wants 1 to 64 characters of [A-Za-z0-9._-]');
   }
   const pem = (option) => {
     if (!values[option]) return null;
     try {
       return fs.readFileSync(values[option]);
     } catch (e) {
-      throw usage(`cannot read --${option}: ${e.message}`);
+      throw usage(`cannot read --${option} ${values[option]}: ${e.message}`);
     }
   };
   const [ca, cert, key] = [pem('tls-ca'), pem('tls-cert'), pem('tls-key')];
   if ((cert === null) !== (key === null)) throw usage('--tls-cert and --tls-key go together');
-  const requestId = values['request-id'];
-  if (requestId !== undefined && !/^[A-Za-z0-9._-]{1,64}$/.test(requestId)) {
-    throw usage('--request-id wants 1 to 64 characters of [A-Za-z0-9._-]');
-  }
   const token = values['token-file'] ? readToken(values['token-file']) : null;
   try {
     return new RemotePartitionerClient(values.target, {
@@ -111,23 +188,6 @@ function connect(values) {
 
 // ------------------------------------------------------------------------------------ list
 
-function partitionerJson(p) {
-  return {
-    name: p.name,
-    backend_id: p.backend_id,
-    class_name: p.class_name,
-    description: p.description,
-    backend_module: p.backend_module,
-    overridden_hooks: p.overridden_hooks,
-    spec_keys: p.spec_keys.map((k) => ({
-      name: k.name,
-      type: k.type,
-      default: specValueToJs(k.default),
-      doc: k.doc,
-    })),
-  };
-}
-
 const TYPE_NAMES = {
   SPEC_TYPE_BOOL: 'bool',
   SPEC_TYPE_INT: 'int',
@@ -136,140 +196,210 @@ const TYPE_NAMES = {
   SPEC_TYPE_BYTES: 'bytes',
 };
 
+function formatDefault(k) {
+  if (k.default === null) return '';
+  const v = k.default;
+  const text = k.type === 'SPEC_TYPE_DOUBLE' && typeof v === 'number' && Number.isInteger(v)
+    ? v.toFixed(1) : JSON.stringify(v);
+  return ` = ${text}`;
+}
+
+/** `list`'s text, line by line (as the Python CLI's list_lines). */
+export function listLines(listing) {
+  const v = listing.versions ?? {};
+  const lines = [`server ${v.server} (api ${v.api}): torch ${v.torch}, executorch ${v.executorch}, ` +
+    `export schema ${v.export_schema}`];
+  for (const p of listing.partitioners) {
+    lines.push('', `${p.name}  ${p.backend_id}  ${p.class_name}`);
+    if (p.description) lines.push(`  ${p.description}`);
+    const hooks = p.overridden_hooks.map((h) => h.replace(/^HOOK_/, '').toLowerCase());
+    lines.push(`  hooks: ${hooks.join(', ') || '-'}`);
+    if (p.spec_keys.length === 0) {
+      lines.push('  spec keys: none');
+      continue;
+    }
+    lines.push('  spec keys:');
+    for (const k of p.spec_keys) {
+      const doc = k.doc ? `  -- ${k.doc}` : '';
+      lines.push(`    ${k.name}: ${TYPE_NAMES[k.type] ?? k.type}${formatDefault(k)}${doc}`);
+    }
+  }
+  return lines;
+}
+
 async function list(argv) {
   const { values, positionals } = parse(argv, COMMON);
-  if (values.help) return help();
-  if (positionals.length > 0) throw usage(`list takes no arguments: ${positionals.join(' ')}`);
+  if (values.help) return help('list');
+  if (positionals.length > 0) {
+    throw usage(`unrecognized arguments: ${positionals.join(' ')}`);
+  }
   const client = connect(values);
+  let listing;
   try {
-    const r = await client.listPartitioners();
-    const partitioners = r.partitioners.map(partitionerJson);
-    if (values.json) {
-      print(JSON.stringify({ partitioners, versions: r.versions }, null, 2));
-      return 0;
-    }
-    const v = r.versions;
-    print(`server ${v.server} (api ${v.api}): torch ${v.torch}, executorch ${v.executorch}, ` +
-      `export schema ${v.export_schema}`);
-    for (const p of partitioners) {
-      print(`\n${p.name}  ${p.backend_id}  ${p.class_name}`);
-      if (p.description) print(`  ${p.description}`);
-      const hooks = p.overridden_hooks.map((h) => h.replace(/^HOOK_/, '').toLowerCase());
-      print(`  hooks: ${hooks.join(', ') || '-'}`);
-      if (p.spec_keys.length === 0) {
-        print('  spec keys: none');
-        continue;
-      }
-      print('  spec keys:');
-      for (const k of p.spec_keys) {
-        const def = k.default === null ? '' : ` = ${JSON.stringify(k.default)}`;
-        print(`    ${k.name}: ${TYPE_NAMES[k.type] ?? k.type}${def}${k.doc ? `  -- ${k.doc}` : ''}`);
-      }
-    }
-    return 0;
+    listing = listToJson(await client.listPartitioners());
   } finally {
     client.close();
   }
+  if (values.json) print(JSON.stringify(listing, null, 2));
+  else listLines(listing).forEach((line) => print(line));
+  return 0;
 }
 
-// ----------------------------------------------------------------------------------- lower
+// ------------------------------------------------------------------- partition and lower
 
-/** PartitionerRefs from the ordered --partitioner / --spec tokens. */
-function partitionerRefs(tokens) {
+/** [{name, spec}] from the ordered --partitioner / --spec tokens: each --spec belongs to the
+ *  --partitioner before it. */
+export function partitionerRefs(tokens) {
   const refs = [];
-  const pending = []; // --spec given before any --partitioner
   for (const t of tokens) {
     if (t.kind !== 'option') continue;
     if (t.name === 'partitioner') {
       if (!t.value) throw usage('--partitioner wants a name');
       refs.push({ name: t.value, spec: [] });
     } else if (t.name === 'spec') {
-      (refs.length > 0 ? refs[refs.length - 1].spec : pending).push(t.value);
+      if (refs.length === 0) {
+        throw usage(`--spec ${t.value} comes before any --partitioner: put each --spec after ` +
+          'the --partitioner it belongs to');
+      }
+      refs[refs.length - 1].spec.push(t.value);
     }
   }
   if (refs.length === 0) throw usage('--partitioner NAME is required');
-  if (pending.length > 0) {
-    if (refs.length > 1) throw usage('with several --partitioner, put each --spec after its own');
-    refs[0].spec.unshift(...pending);
-  }
   return refs.map((r) => ({ name: r.name, spec: parseSpec(r.spec) }));
 }
 
-/** The report as JSON, fields in the .proto's order. */
-function reportJson(report) {
-  return {
-    methods: (report?.methods ?? []).map((m) => ({
-      method: m.method,
-      total_nodes: m.total_nodes,
-      delegated: m.delegated.map((d) => ({
-        backend_id: d.backend_id, partitions: d.partitions, nodes: d.nodes,
-      })),
-      cpu_ops: m.cpu_ops.map((o) => ({ op: o.op, count: o.count })),
-    })),
-  };
-}
-
-function printReport(report) {
-  for (const m of report?.methods ?? []) {
-    const delegated = m.delegated.reduce((n, d) => n + Number(d.nodes), 0);
-    print(`method ${m.method}: ${m.total_nodes} operator nodes, ${delegated} delegated`);
-    for (const d of m.delegated) {
-      print(`  ${d.backend_id}: ${d.partitions} partition(s), ${d.nodes} node(s)`);
-    }
-    if (m.cpu_ops.length === 0) {
-      print('  on CPU: none');
-    } else {
-      print('  on CPU:');
-      for (const op of m.cpu_ops) print(`    ${op.op} x${op.count}`);
-    }
+/** Refuses, before anything is sent, an output path that cannot be written. */
+export function checkWritable(file, option) {
+  let stat = null;
+  try {
+    stat = fs.statSync(file);
+  } catch {
+    stat = null;
+  }
+  if (stat?.isDirectory()) throw usage(`${option} ${file} is a directory; give a file path`);
+  const parent = path.dirname(path.normalize(file));
+  let parentStat = null;
+  try {
+    parentStat = fs.statSync(parent);
+  } catch {
+    parentStat = null;
+  }
+  if (!parentStat?.isDirectory()) {
+    throw usage(`${option} ${file}: the directory ${parent} does not exist; create it first or ` +
+      'choose another path');
+  }
+  try {
+    fs.accessSync(parent, fs.constants.W_OK | fs.constants.X_OK);
+    if (stat !== null) fs.accessSync(file, fs.constants.W_OK);
+  } catch {
+    throw usage(`${option} ${file} cannot be written (no permission)`);
   }
 }
 
-async function lower(argv) {
-  const { values, positionals, tokens } = parse(argv, LOWER);
-  if (values.help) return help();
-  if (positionals.length !== 1) throw usage('lower takes one MODEL.pt2 argument');
-  const reportOnly = Boolean(values['report-only']);
-  if (!values.output && !reportOnly) throw usage('-o OUT.pte is required (or --report-only)');
+/** The C library's words for the errors reading a file gives (what Python prints). */
+const STRERROR = {
+  ENOENT: 'No such file or directory',
+  EACCES: 'Permission denied',
+  EISDIR: 'Is a directory',
+  ENOTDIR: 'Not a directory',
+};
+
+const GETITEM = '_operator.getitem';
+const NAMES_SHOWN = 3;
+const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+
+function cpuNodesByOp(nodes) {
+  const groups = new Map();
+  for (const n of nodes) {
+    if (n.op === GETITEM) continue;
+    if (!groups.has(n.op)) groups.set(n.op, []);
+    groups.get(n.op).push([n.name, n.reason]);
+  }
+  return [...groups.entries()].sort((a, b) => (b[1].length - a[1].length)
+    || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+}
+
+/** The text report, line by line (as the Python CLI's report_lines). */
+export function reportLines(saved) {
+  const lines = [];
+  for (const m of saved.methods) {
+    const delegated = (m.delegated ?? []).reduce((n, d) => n + (d.nodes ?? 0), 0);
+    lines.push(`method ${m.method ?? ''}: ${plural(m.total_nodes ?? 0, 'node')}, ${delegated} delegated`);
+    for (const d of m.delegated ?? []) {
+      lines.push(`  ${d.backend_id ?? ''}: ${plural(d.nodes ?? 0, 'node')} in ` +
+        `${plural(d.partitions ?? 0, 'partition')}`);
+    }
+    if ((m.cpu_ops ?? []).length > 0) {
+      lines.push('  left on the CPU:');
+      for (const op of m.cpu_ops) lines.push(`    ${String(op.count ?? 0).padStart(5)}  ${op.op ?? ''}`);
+    }
+    const groups = cpuNodesByOp(m.cpu_nodes);
+    if (groups.length > 0) lines.push('  why:');
+    for (const [op, nodes] of groups) {
+      const byReason = new Map();
+      for (const [name, reason] of nodes) {
+        if (!byReason.has(reason)) byReason.set(reason, []);
+        byReason.get(reason).push(name);
+      }
+      for (const [reason, names] of byReason) {
+        const more = names.length > NAMES_SHOWN ? ` +${names.length - NAMES_SHOWN} more` : '';
+        lines.push(`    ${op}: ${reason} (${names.slice(0, NAMES_SHOWN).join(', ')}${more})`);
+      }
+    }
+  }
+  return lines;
+}
+
+async function partitionOrLower(command, argv) {
+  const { values, positionals, tokens } = parse(argv, command === 'lower' ? LOWER : PARTITION);
+  if (values.help) return help(command);
+  if (positionals.length === 0) throw usage('the following arguments are required: MODEL.pt2');
+  if (positionals.length > 1) throw usage(`unrecognized arguments: ${positionals.slice(1).join(' ')}`);
+  const reportOnly = command === 'partition' || Boolean(values['report-only']);
   const partitioners = partitionerRefs(tokens);
+  if (!reportOnly) {
+    if (!values.output) throw usage('-o OUT.pte is required (or --report-only)');
+    checkWritable(values.output, '-o');
+  }
+  if (values['report-json']) checkWritable(values['report-json'], '--report-json');
   const [model] = positionals;
   let archive;
   try {
     archive = fs.readFileSync(model);
   } catch (e) {
-    throw usage(`cannot read ${JSON.stringify(model)}: ${e.message}`);
+    throw usage(`cannot read ${model}: ${STRERROR[e.code] ?? e.message}`);
   }
+  checkArchive(model, archive);
   const client = connect(values);
+  let answer;
   try {
-    const { report, pte } = await client.lower(
-      archive, partitioners, reportOnly ? null : values.output, {
-        report_only: reportOnly,
-        skip_ir_validity_check: Boolean(values['skip-ir-validity-check']),
-      },
-    );
-    if (values['report-json']) {
-      try {
-        fs.writeFileSync(values['report-json'], `${JSON.stringify(reportToJson(report), null, 2)}\n`);
-      } catch (e) {
-        throw new ClientError(`cannot write --report-json: ${e.message}`, 1);
-      }
-    }
-    if (values.json) {
-      print(JSON.stringify({
-        output: pte ? values.output : null,
-        pte,
-        report: reportJson(report),
-        uploaded: { blobs: client.stats.blobs_uploaded, bytes: client.stats.bytes_uploaded },
-        request_id: client.requestId,
-      }, null, 2));
-      return 0;
-    }
-    printReport(report);
-    if (pte) print(`wrote ${values.output} (${pte.size_bytes} bytes, sha256 ${pte.hash})`);
-    return 0;
+    answer = await client.lower(archive, partitioners, reportOnly ? null : values.output, {
+      report_only: reportOnly,
+      skip_ir_validity_check: Boolean(values['skip-ir-validity-check']),
+    });
   } finally {
     client.close();
   }
+  const wire = reportToJson(answer.report);
+  const received = answer.report?.methods ?? [];
+  const saved = {
+    model: path.basename(model),
+    partitioners: partitioners.map((p) => p.name),
+    methods: wire.methods.map((m, i) => ({ ...m, cpu_nodes: cpuNodes(received[i] ?? {}) })),
+  };
+  const output = answer.pte
+    ? { path: values.output, bytes: answer.pte.size_bytes, sha256: answer.pte.hash } : null;
+  if (values['report-json']) {
+    fs.writeFileSync(values['report-json'], `${JSON.stringify(saved, null, 2)}\n`);
+  }
+  if (values.json) {
+    print(JSON.stringify(output ? { ...saved, output } : saved, null, 2));
+    return 0;
+  }
+  reportLines(saved).forEach((line) => print(line));
+  if (output) print(`wrote ${output.path} (${plural(output.bytes, 'byte')}, sha256 ${output.sha256})`);
+  if (values['report-json']) print(`wrote ${values['report-json']}`);
+  return 0;
 }
 
 // ------------------------------------------------------------------------------------ main
@@ -278,64 +408,111 @@ function print(line) {
   process.stdout.write(`${line}\n`);
 }
 
-function help() {
-  print(USAGE);
+function help(command) {
+  print(HELP[command]);
   return 0;
 }
 
-function reportError(e, json) {
+function version() {
+  const require = createRequire(import.meta.url);
+  const own = require('../package.json').version;
+  const grpcJs = require('@grpc/grpc-js/package.json').version;
+  print(`remote-partitioner ${own} (Node.js client; node ${process.versions.node}, ` +
+    `@grpc/grpc-js ${grpcJs}; the server's torch and executorch: \`list\`)`);
+  return 0;
+}
+
+/** What went wrong, in the command line's words (the same as the Python CLI's). */
+function failure(e, values) {
   if (e instanceof RpcError) {
     const i = e.info;
-    if (json) {
-      print(JSON.stringify({ error: i }, null, 2));
-    } else {
-      const lines = [`error: ${i.code_name} (${i.code}): ${i.message}`];
-      if (i.reason) lines.push(`  reason: ${i.reason}${i.domain ? ` (${i.domain})` : ''}`);
-      for (const [k, v] of Object.entries(i.metadata)) {
-        if (k === 'traceback' || v === '') continue;
-        lines.push(`  ${k}: ${v}`);
-      }
-      for (const f of i.field_violations) lines.push(`  field ${f.field}: ${f.description}`);
-      if (i.retry_delay_seconds !== null) lines.push(`  retry after: ${i.retry_delay_seconds}s`);
-      if (i.request_id) lines.push(`  request id: ${i.request_id}`);
-      if (i.details_error) lines.push(`  (${i.details_error})`);
-      if (i.metadata.traceback) lines.push('  server traceback:', i.metadata.traceback.trimEnd());
-      process.stderr.write(`${lines.join('\n')}\n`);
+    const reason = i.domain === DOMAIN ? i.reason : null;
+    if (reason === 'PARTITIONER_RAISED') {
+      const type = i.metadata.exception_type ?? 'Exception';
+      const message = i.metadata.exception_message ?? i.message;
+      return new Failure(`the partitioner raised ${message ? `${type}: ${message}` : type}`,
+        { kind: 'partitioner', exitCode: 1, reason });
     }
-    return i.code_name === 'UNAVAILABLE' ? 3 : 1;
+    const code = i.code_name;
+    if (code === 'UNAVAILABLE' && reason === null) {
+      return new Failure(`cannot reach ${values.target}: is a server running there? Start one ` +
+        `with: remote-partitioner serve --address ${values.target}`,
+      { kind: 'unreachable', exitCode: 3, code, detail: i.message });
+    }
+    if (code === 'DEADLINE_EXCEEDED' && reason === null && values.timeout) {
+      return new Failure(`no answer within the --timeout of ${values.timeout} s (each call's ` +
+        'deadline); give more, or leave --timeout out to wait as long as it takes',
+      { kind: 'deadline', exitCode: 1, code, detail: i.message });
+    }
+    return new Failure(`the server refused: ${code}: ${i.message}${reason ? ` [${reason}]` : ''}`,
+      { kind: 'server', exitCode: code === 'UNAVAILABLE' ? 3 : 1, code, reason });
   }
-  const code = e instanceof ClientError ? e.exitCode : 1;
-  const message = e instanceof Error ? e.message : String(e);
+  if (e instanceof ClientError && e.exitCode === 2) {
+    return new Failure(e.message, { kind: 'usage', exitCode: 2 });
+  }
+  return new Failure(e instanceof Error ? e.message : String(e), { kind: 'client', exitCode: 1 });
+}
+
+function printError(command, f, json) {
   if (json) {
-    print(JSON.stringify({ error: { code_name: code === 2 ? 'USAGE' : 'CLIENT', message } }));
-  } else {
-    process.stderr.write(`error: ${message}\n`);
-    if (code === 2) process.stderr.write('(remote-partitioner --help for usage)\n');
+    process.stderr.write(`${JSON.stringify({
+      error: {
+        exit_code: f.exitCode, kind: f.kind, code: f.code, reason: f.reason,
+        message: f.message, detail: f.detail,
+      },
+    })}\n`);
+    return;
   }
-  return code;
+  process.stderr.write(`remote-partitioner${command ? ` ${command}` : ''}: error: ${f.message}\n`);
+  if (f.detail) process.stderr.write(`  (gRPC: ${f.detail})\n`);
 }
 
 async function main(argv) {
   const [command, ...rest] = argv;
   const json = rest.includes('--json');
+  // The values failure() needs, before (or without) a successful parse.
+  const values = { target: DEFAULT_TARGET, timeout: undefined };
+  for (let i = 0; i < rest.length; i += 1) {
+    const [name, inline] = rest[i].split(/=(.*)/s);
+    if (name === '--target' || name === '--timeout') {
+      values[name.slice(2)] = inline !== undefined ? inline : rest[i + 1];
+    }
+  }
   try {
     switch (command) {
       case 'list':
         return await list(rest);
+      case 'partition':
       case 'lower':
-        return await lower(rest);
+        return await partitionOrLower(command, rest);
       case '-h':
       case '--help':
       case 'help':
-        return help();
+        return help('main');
+      case '--version':
+        return version();
       case undefined:
-        throw usage('a command is required: list or lower');
+        throw usage('the following arguments are required: command (list, partition, lower)');
       default:
-        throw usage(`unknown command ${JSON.stringify(command)}: list or lower`);
+        throw usage(`invalid choice: ${JSON.stringify(command)} (choose from list, partition, ` +
+          'lower; serve and report are the Python CLI\'s)');
     }
   } catch (e) {
-    return reportError(e, json);
+    const f = failure(e, values);
+    const known = COMMANDS.includes(command) ? command : '';
+    if (!json && (e.fromParser || !known) && f.kind === 'usage') {
+      process.stderr.write(`usage: remote-partitioner ${known || '{list,partition,lower}'} ... ` +
+        `(remote-partitioner ${known ? `${known} ` : ''}--help)\n`);
+    }
+    printError(known, f, json);
+    return f.exitCode;
   }
 }
+
+// The reader of stdout went away (`list | head -2`): end quietly, as the Python CLI does.
+process.stdout.on('error', (e) => {
+  if (e.code === 'EPIPE') process.exit(1);
+  throw e;
+});
 
 process.exitCode = await main(process.argv.slice(2));

@@ -47,27 +47,85 @@ export const LOADER_OPTIONS = Object.freeze({
 });
 
 let service = null;
-let reportType = null;
+let apiRoot = null;
+
+function apiType(name) {
+  if (apiRoot === null) {
+    apiRoot = new protobuf.Root();
+    apiRoot.loadSync(PROTO_PATH, { keepCase: true });
+  }
+  return apiRoot.lookupType(`remote_partitioner.v1.${name}`);
+}
+
+/** How messages become JSON: proto field names, enums by name, bytes as base64, and every
+ *  64-bit integer as a JSON number (not protobuf JSON's decimal string). */
+const JSON_OPTIONS = Object.freeze({
+  longs: Number, enums: String, bytes: String, arrays: true, objects: true, oneofs: false,
+  json: true,
+});
 
 /**
- * A DelegationReport (as the client received it) as the JSON that Python's
- * `json_format.MessageToDict(report, preserving_proto_field_name=True)` gives: proto field
- * names, default values left out, int64 as decimal strings, enums by name. Fields this copy of
- * the .proto declares all come along (per-node data included when the server sends it), so
- * `remote-partitioner report REPORT.json -o REPORT.html` (Python) can turn it into the page.
+ * A DelegationReport (as the client received it) as the wire part of the CLI's report JSON:
+ * proto field names, default values left out (as Python's `MessageToDict` leaves them out),
+ * int64 as numbers, enums by name. Always has `methods` (maybe empty).
  */
 export function reportToJson(report) {
-  if (reportType === null) {
-    const root = new protobuf.Root();
-    root.loadSync(PROTO_PATH, { keepCase: true });
-    reportType = root.lookupType('remote_partitioner.v1.DelegationReport');
-  }
-  const message = reportType.fromObject(report ?? {});
-  const object = reportType.toObject(message, {
-    longs: String, enums: String, bytes: String, defaults: false, arrays: false, objects: false,
-    oneofs: false, json: true,
+  const type = apiType('DelegationReport');
+  const object = type.toObject(type.fromObject(report ?? {}), { ...JSON_OPTIONS, defaults: false });
+  const out = inProtoOrder(type, withoutDefaults(type, object));
+  return { methods: out.methods ?? [] };
+}
+
+/** The CPU call_function nodes of a received method report, in graph order, as
+ *  {name, op, reason} (the report JSON's `cpu_nodes`). */
+export function cpuNodes(method) {
+  return (method.nodes ?? [])
+    .filter((n) => n.kind === 'call_function' && !n.backend_id)
+    .map((n) => ({ name: n.name, op: n.op, reason: n.reason ?? '' }));
+}
+
+/**
+ * A ListPartitionersResponse as `list --json` prints it: every field (defaults included),
+ * int64 as numbers, enums by name, each spec key as {name, type, default, doc} with `default`
+ * the plain value (null when the key has none).
+ */
+export function listToJson(response) {
+  const type = apiType('ListPartitionersResponse');
+  const out = inProtoOrder(
+    type, type.toObject(type.fromObject(response), { ...JSON_OPTIONS, defaults: true }),
+  );
+  const valueType = apiType('SpecValue');
+  out.partitioners.forEach((p, j) => {
+    p.spec_keys = p.spec_keys.map((k, i) => {
+      const received = response.partitioners[j].spec_keys[i].default;
+      let value = null;
+      if (received && received.value) {
+        const v = valueType.toObject(valueType.fromObject(received), {
+          ...JSON_OPTIONS, defaults: false,
+        });
+        value = v[received.value] ?? null;
+      }
+      return { name: k.name, type: k.type, default: value, doc: k.doc };
+    });
   });
-  return withoutDefaults(reportType, object);
+  for (const [field, value] of Object.entries(out)) if (value === null) delete out[field];
+  return out;
+}
+
+/** `object` (of message `type`) with its fields in the .proto's order, as the Python CLI
+ *  prints them (protobufjs puts repeated fields first); recursively, in place. */
+function inProtoOrder(type, object) {
+  const entries = type.fieldsArray
+    .filter((f) => Object.hasOwn(object, f.name))
+    .map((f) => [f, object[f.name]]);
+  for (const key of Object.keys(object)) delete object[key];
+  for (const [field, value] of entries) {
+    const sub = field.resolvedType instanceof protobuf.Type ? field.resolvedType : null;
+    if (sub && Array.isArray(value)) value.forEach((v) => inProtoOrder(sub, v));
+    else if (sub && value !== null) inProtoOrder(sub, value);
+    object[field.name] = value;
+  }
+  return object;
 }
 
 /** `object` (of message `type`) without the proto3 default values MessageToDict leaves out. */
@@ -84,7 +142,7 @@ function withoutDefaults(type, object) {
     } else {
       const zeroEnum = field.resolvedType instanceof protobuf.Enum
         && field.resolvedType.values[value] === 0;
-      if (value === 0 || value === '0' || value === '' || value === false || value === null
+      if (value === 0 || value === '' || value === false || value === null
           || zeroEnum) {
         delete object[field.name];
       }
@@ -175,7 +233,7 @@ export function parseSpecValue(text) {
   if (lower === 'false') return { bool_value: false };
   if (INT.test(text)) {
     const n = BigInt(text);
-    if (n < INT64_MIN || n > INT64_MAX) throw new ClientError(`integer out of int64 range: ${text}`, 2);
+    if (n < INT64_MIN || n > INT64_MAX) throw new ClientError(`--spec value ${text} is outside the int64 range`, 2);
     return { int_value: n.toString() }; // protobufjs takes an int64 as a decimal string, exactly
   }
   if (FLOAT.test(text)) return { double_value: Number(text) };
@@ -194,7 +252,9 @@ export function parseSpec(entries) {
     const eq = entry.indexOf('=');
     if (eq <= 0) throw new ClientError(`--spec wants KEY=VALUE, got ${JSON.stringify(entry)}`, 2);
     const key = entry.slice(0, eq);
-    if (seen.has(key)) throw new ClientError(`--spec key ${JSON.stringify(key)} given twice`, 2);
+    if (seen.has(key)) {
+      throw new ClientError(`--spec key ${JSON.stringify(key)} given twice for one --partitioner`, 2);
+    }
     seen.add(key);
     return { key, value: parseSpecValue(entry.slice(eq + 1)) };
   });

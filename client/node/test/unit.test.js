@@ -7,8 +7,9 @@ import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protobuf from 'protobufjs';
 
+import { checkArchive, zipEntries } from '../lib/archive.js';
 import {
-  ClientError, digestOf, parseSpec, parseSpecValue, reportToJson, serviceConstructor,
+  ClientError, cpuNodes, digestOf, parseSpec, parseSpecValue, reportToJson, serviceConstructor,
 } from '../lib/client.js';
 import { describeError } from '../lib/status.js';
 
@@ -104,19 +105,81 @@ test('status details: ErrorInfo, RetryInfo and BadRequest are decoded', () => {
   assert.equal(bare.reason, null);
 });
 
-test('reportToJson: the shape of MessageToDict (defaults left out, int64 as strings)', () => {
+test('reportToJson: defaults left out as MessageToDict does, int64 as numbers, .proto order', () => {
   const report = {
     methods: [{
-      method: 'forward', total_nodes: 12, cpu_ops: [],
-      delegated: [{ backend_id: 'XnnpackBackend', partitions: 2, nodes: 5 }],
+      cpu_ops: [], method: 'forward', total_nodes: 12,
+      delegated: [{ nodes: 5, backend_id: 'XnnpackBackend', partitions: 2 }],
     }, { method: 'empty', total_nodes: 0, delegated: [], cpu_ops: [] }],
   };
-  assert.deepEqual(reportToJson(report), {
+  const json = reportToJson(report);
+  assert.deepEqual(json, {
     methods: [
-      { method: 'forward', total_nodes: '12',
-        delegated: [{ backend_id: 'XnnpackBackend', partitions: '2', nodes: '5' }] },
+      { method: 'forward', total_nodes: 12,
+        delegated: [{ backend_id: 'XnnpackBackend', partitions: 2, nodes: 5 }] },
       { method: 'empty' },
     ],
   });
-  assert.deepEqual(reportToJson(null), {});
+  assert.deepEqual(Object.keys(json.methods[0]), ['method', 'total_nodes', 'delegated']);
+  assert.deepEqual(Object.keys(json.methods[0].delegated[0]), ['backend_id', 'partitions', 'nodes']);
+  assert.deepEqual(reportToJson(null), { methods: [] });
+});
+
+test('cpuNodes: the call_function nodes no backend took, in order', () => {
+  const method = {
+    nodes: [
+      { name: 'x', op: 'placeholder', kind: 'placeholder', backend_id: '', reason: '' },
+      { name: 'a', op: 'aten.add.Tensor', kind: 'call_function', backend_id: 'B', reason: '' },
+      { name: 'c', op: 'aten.cumsum.default', kind: 'call_function', backend_id: '', reason: 'why' },
+    ],
+  };
+  assert.deepEqual(cpuNodes(method), [{ name: 'c', op: 'aten.cumsum.default', reason: 'why' }]);
+  assert.deepEqual(cpuNodes({}), []);
+});
+
+/** A zip file of `names` (stored, not compressed), as Python's zipfile would write it. */
+function zipOf(names) {
+  const locals = [];
+  const centrals = [];
+  let offset = 0;
+  for (const name of names) {
+    const n = Buffer.from(name);
+    const data = Buffer.from('x');
+    const local = Buffer.alloc(30);
+    local.writeUInt32LE(0x04034b50, 0);
+    local.writeUInt32LE(data.length, 18);
+    local.writeUInt32LE(data.length, 22);
+    local.writeUInt16LE(n.length, 26);
+    const central = Buffer.alloc(46);
+    central.writeUInt32LE(0x02014b50, 0);
+    central.writeUInt32LE(data.length, 20);
+    central.writeUInt32LE(data.length, 24);
+    central.writeUInt16LE(n.length, 28);
+    central.writeUInt32LE(offset, 42);
+    locals.push(local, n, data);
+    centrals.push(central, n);
+    offset += 30 + n.length + data.length;
+  }
+  const cd = Buffer.concat(centrals);
+  const end = Buffer.alloc(22);
+  end.writeUInt32LE(0x06054b50, 0);
+  end.writeUInt16LE(names.length, 8);
+  end.writeUInt16LE(names.length, 10);
+  end.writeUInt32LE(cd.length, 12);
+  end.writeUInt32LE(offset, 16);
+  return Buffer.concat([...locals, cd, end]);
+}
+
+test('checkArchive: a PT2 archive passes; not a zip, truncated, damaged or no archive_format fail', () => {
+  const good = zipOf(['m/archive_format', 'm/models/model.json']);
+  assert.deepEqual(zipEntries(good).map((e) => e.name), ['m/archive_format', 'm/models/model.json']);
+  checkArchive('good.pt2', good);
+  const refused = (data, words) => assert.throws(() => checkArchive('f.pt2', data),
+    (e) => e instanceof ClientError && e.exitCode === 2 && e.message.includes(words), words);
+  refused(Buffer.from('hello\n'), 'f.pt2 is not a PT2 archive');
+  refused(Buffer.alloc(0), 'f.pt2 is not a PT2 archive');
+  refused(good.subarray(0, good.length - 30), 'f.pt2 is not a PT2 archive');
+  refused(zipOf(['a/b']), 'no archive_format entry');
+  // The directory intact, the start of the file gone: no entry where the directory says.
+  refused(good.subarray(40), 'is damaged');
 });

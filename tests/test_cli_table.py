@@ -1,0 +1,297 @@
+"""One command line, two implementations: the Python CLI (``python -m remote_partitioner.cli``)
+and the Node.js CLI (``client/node/bin/remote-partitioner.js``) run on the same cases against
+one real server, and must agree on the exit code, stdout (text byte for byte, ``--json`` as
+parsed JSON) and stderr (the ``remote-partitioner ...: error: ...`` lines; with ``--json`` the
+error object, gRPC's own words in ``detail`` aside). Each case also states what the answer must
+say, so that two equally wrong answers fail too. docs/cli.md is the command line's reference.
+
+The server is this module's own process (``serve`` on 127.0.0.1:0) with one plugin partitioner
+added, ``xnnpack_raises``, whose ``partition()`` raises, for the "the partitioner raised" case.
+Skipped only when ``node`` is not on PATH or client/node's dependencies are not installed
+(``make node-client``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import _serve, plugin_distribution
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "client" / "node"
+NODE = shutil.which("node")
+CALL_SECONDS = 300
+
+pytestmark = pytest.mark.skipif(
+    NODE is None or not (NODE_DIR / "node_modules").is_dir(),
+    reason="node and client/node's dependencies (make node-client) are needed",
+)
+
+_RAISING_PLUGIN = '''
+"""XNNPACK's partitioner, except that partition() raises."""
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+from remote_partitioner.server.registry import HostedPartitioner
+
+
+class RaisingPartitioner(XnnpackPartitioner):
+    def partition(self, ep):
+        raise ValueError("no partition today")
+
+
+PLUGIN = HostedPartitioner(
+    "xnnpack_raises", "XnnpackBackend", {}, lambda spec: RaisingPartitioner(),
+    RaisingPartitioner, "XNNPACK, whose partition() raises",
+)
+'''
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """This module's server: the default partitioners and ``xnnpack_raises``."""
+    root = tmp_path_factory.mktemp("plugin")
+    with (
+        plugin_distribution(root, "rp_raising_plugin", _RAISING_PLUGIN,
+                            "xnnpack_raises = rp_raising_plugin:PLUGIN"),
+        _serve(tmp_path_factory) as (_, address),
+    ):
+        yield address
+
+
+@pytest.fixture(scope="module")
+def dead_target() -> Iterator[str]:
+    """A loopback port bound but not listening: connections to it are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The input files of the cases: ``model.pt2`` (Linear, ReLU, then a cumsum XNNPACK
+    leaves on the CPU), a truncated copy, a text file, a zip file that is no PT2 archive."""
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cumsum(torch.relu(self.fc(x)), dim=1)
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("inputs")
+    model = root / "model.pt2"
+    torch.export.save(torch.export.export(Model().eval(), (torch.randn(2, 8),)), model)
+    data = model.read_bytes()
+    (root / "truncated.pt2").write_bytes(data[: len(data) // 2])
+    (root / "notes.pt2").write_text("not an archive\n")
+    with zipfile.ZipFile(root / "other.pt2", "w") as z:
+        z.writestr("other/data.txt", "a zip file, but no PT2 archive")
+    return root
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One command line, run by both CLIs. ``args`` may name ``{target}`` and ``{dead}``;
+    relative paths are in each CLI's own working directory (holding the inputs and a
+    directory ``dir``). ``says`` must be in stdout (exit 0) or stderr (otherwise)."""
+
+    id: str
+    args: tuple[str, ...]
+    exit_code: int
+    says: str
+    files: tuple[str, ...] = ()  # outputs that both must write, byte for byte the same
+
+    @property
+    def json(self) -> bool:
+        return "--json" in self.args
+
+
+P = ("--partitioner", "xnnpack")
+CASES = [
+    Case("list", ("list",), 0, "xnnpack  XnnpackBackend  "),
+    Case("list-json", ("list", "--json"), 0, '"name": "xnnpack_raises"'),
+    Case("partition", ("partition", "model.pt2", *P), 0,
+         "  XnnpackBackend: 2 nodes in 1 partition\n  left on the CPU:\n"),
+    Case("partition-why", ("partition", "model.pt2", *P), 0,
+         "  why:\n    aten.cumsum.default: "),
+    Case("partition-json", ("partition", "model.pt2", *P, "--json"), 0, '"total_nodes": 3,'),
+    Case("partition-two", ("partition", "model.pt2", "--partitioner", "xnnpack", "--spec",
+                           "per_op_mode=false", "--partitioner", "vulkan", "--json"), 0,
+         '"partitioners": [\n    "xnnpack",\n    "vulkan"\n  ]'),
+    Case("lower", ("lower", "model.pt2", "-o", "out.pte", *P), 0, "wrote out.pte (",
+         files=("out.pte",)),
+    Case("lower-json-report-json", ("lower", "model.pt2", "-o", "dir/out.pte", *P, "--json",
+                                    "--report-json", "dir/report.json"), 0,
+         '"output": {\n    "path": "dir/out.pte",', files=("dir/out.pte", "dir/report.json")),
+    Case("lower-report-only", ("lower", "model.pt2", "--report-only", *P), 0,
+         "2 nodes in 1 partition"),
+    Case("lower-needs-output", ("lower", "model.pt2", *P), 2,
+         "-o OUT.pte is required (or --report-only)"),
+    Case("unknown-partitioner", ("partition", "model.pt2", "--partitioner", "nope"), 1,
+         "the server refused: NOT_FOUND: unknown partitioner 'nope'"),
+    Case("unknown-partitioner-json", ("partition", "model.pt2", "--partitioner", "nope",
+                                      "--json"), 1, '"reason": "UNKNOWN_PARTITIONER"'),
+    Case("spec-str-prefix", ("partition", "model.pt2", *P, "--spec", "per_op_mode=str:true"), 1,
+         "expects bool, got str 'true' [INVALID_SPEC]"),
+    Case("spec-int", ("partition", "model.pt2", *P, "--spec", "per_op_mode=1"), 1,
+         "expects bool, got int 1 [INVALID_SPEC]"),
+    Case("spec-before-partitioner", ("partition", "model.pt2", "--spec", "per_op_mode=true",
+                                     *P), 2, "comes before any --partitioner"),
+    Case("spec-without-value", ("partition", "model.pt2", *P, "--spec", "per_op_mode"), 2,
+         '--spec wants KEY=VALUE, got "per_op_mode"'),
+    Case("spec-twice", ("partition", "model.pt2", *P, "--spec", "a=1", "--spec", "a=2"), 2,
+         'key "a" given twice'),
+    Case("spec-int64", ("partition", "model.pt2", *P, "--spec", "a=9223372036854775808"), 2,
+         "outside the int64 range"),
+    Case("partitioner-raised", ("partition", "model.pt2", "--partitioner", "xnnpack_raises"), 1,
+         "the partitioner raised ValueError: no partition today"),
+    Case("partitioner-raised-json", ("partition", "model.pt2", "--partitioner",
+                                     "xnnpack_raises", "--json"), 1, '"kind": "partitioner"'),
+    Case("missing-model", ("partition", "missing.pt2", *P), 2,
+         "cannot read missing.pt2: No such file or directory"),
+    Case("not-a-zip", ("partition", "notes.pt2", *P), 2, "notes.pt2 is not a PT2 archive"),
+    Case("truncated", ("partition", "truncated.pt2", *P), 2,
+         "truncated.pt2 is not a PT2 archive (not a zip file, or truncated"),
+    Case("zip-not-pt2", ("partition", "other.pt2", *P), 2, "no archive_format entry"),
+    Case("output-dir-missing", ("lower", "model.pt2", "-o", "nowhere/out.pte", *P), 2,
+         "the directory nowhere does not exist"),
+    Case("output-is-dir", ("lower", "model.pt2", "-o", "dir", *P, "--json"), 2,
+         '"message": "-o dir is a directory; give a file path"'),
+    Case("report-json-dir-missing", ("partition", "model.pt2", *P, "--report-json",
+                                     "nowhere/r.json"), 2, "--report-json nowhere/r.json: "),
+    Case("bad-request-id", ("list", "--request-id", "a b"), 2, "--request-id wants 1 to 64"),
+    Case("request-id", ("list", "--request-id", "table-1", "--json"), 0, '"api": "v1"'),
+    Case("timeout", ("list", "--timeout", "0.000001"), 1,
+         "no answer within the --timeout of 0.000001 s"),
+    Case("unreachable", ("list", "--target", "{dead}"), 3,
+         "cannot reach {dead}: is a server running there? Start one with: "
+         "remote-partitioner serve --address {dead}"),
+    Case("unreachable-json", ("partition", "model.pt2", *P, "--target", "{dead}", "--json"), 3,
+         '"kind": "unreachable"'),
+    Case("tls-to-plaintext", ("list", "--tls"), 3, "cannot reach"),
+]
+
+
+def _commands() -> dict[str, list[str]]:
+    assert NODE is not None
+    return {
+        "python": [sys.executable, "-m", "remote_partitioner.cli"],
+        "node": [NODE, str(NODE_DIR / "bin" / "remote-partitioner.js")],
+    }
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=CALL_SECONDS,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "NO_COLOR": "1"})
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """The command line's own error lines (argparse's usage lines and gRPC's words aside)."""
+    return [line for line in stderr.splitlines() if line.startswith("remote-partitioner")]
+
+
+def _json_error(stderr: str) -> dict[str, Any]:
+    error: dict[str, Any] = json.loads(stderr)["error"]
+    assert set(error) == {"exit_code", "kind", "code", "reason", "message", "detail"}
+    error.pop("detail")
+    return error
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_both_clis_agree(case: Case, target: str, dead_target: str, inputs: Path,
+                         tmp_path: Path) -> None:
+    args = [a.replace("{dead}", dead_target) for a in case.args]
+    if "--target" not in args:
+        args += ["--target", target]
+    says = case.says.replace("{dead}", dead_target)
+    runs: dict[str, Path] = {}
+    for name in ("python", "node"):
+        cwd = tmp_path / name
+        shutil.copytree(inputs, cwd)
+        (cwd / "dir").mkdir()
+        runs[name] = cwd
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(runs, pool.map(
+            lambda item: _run([*item[0], *args], item[1]),
+            [(cmd, runs[name]) for name, cmd in _commands().items()],
+        ), strict=True))
+    py, node = done["python"], done["node"]
+    both = f"python:\n{py.stdout[-3000:]}{py.stderr[-3000:]}\nnode:\n{node.stdout[-3000:]}" \
+           f"{node.stderr[-3000:]}"
+    assert (py.returncode, node.returncode) == (case.exit_code, case.exit_code), both
+    if case.exit_code == 0:
+        assert says in py.stdout, both
+        if case.json:
+            assert json.loads(py.stdout) == json.loads(node.stdout), both
+        else:
+            assert py.stdout == node.stdout, both
+        assert py.stderr == node.stderr == "", both
+    else:
+        assert says in py.stderr, both
+        assert py.stdout == node.stdout == "", both
+        if case.json:
+            error = _json_error(py.stderr)
+            assert error == _json_error(node.stderr), both
+            assert error["exit_code"] == case.exit_code
+        else:
+            assert _error_lines(py.stderr), both
+            assert _error_lines(py.stderr) == _error_lines(node.stderr), both
+    for file in case.files:
+        written = (runs["python"] / file).read_bytes()
+        assert written and written == (runs["node"] / file).read_bytes(), file
+
+
+def test_report_reads_either_clients_report_json(target: str, inputs: Path,
+                                                 tmp_path: Path) -> None:
+    """``report`` turns the JSON either CLI wrote (--report-json, or --json's output) into a
+    page titled with the model and partitioners."""
+    saved = {}
+    for name, cmd in _commands().items():
+        out = tmp_path / f"{name}.json"
+        done = _run([*cmd, "partition", str(inputs / "model.pt2"), *P, "--target", target,
+                     "--report-json", str(out)], tmp_path)
+        assert done.returncode == 0, done.stderr
+        saved[name] = json.loads(out.read_text())
+        printed = _run([*cmd, "partition", str(inputs / "model.pt2"), *P, "--target", target,
+                        "--json"], tmp_path)
+        assert json.loads(printed.stdout) == saved[name]
+        page = tmp_path / f"{name}.html"
+        done = _run([*_commands()["python"], "report", str(out), "-o", str(page)], tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "Delegation report: model.pt2 (xnnpack)" in page.read_text()
+    assert saved["python"] == saved["node"]
+    assert saved["python"]["model"] == "model.pt2"
+    assert saved["python"]["partitioners"] == ["xnnpack"]
+    [method] = saved["python"]["methods"]
+    assert isinstance(method["total_nodes"], int)
+    assert [c["op"] for c in method["cpu_nodes"]] == ["aten.cumsum.default"]
+
+
+def test_a_closed_stdout_ends_quietly(target: str) -> None:
+    """``list | head -2`` when the reader is gone before the first write: no traceback and no
+    message, exit 1 (as Python's documentation of SIGPIPE does it), in both CLIs."""
+    for name, cmd in _commands().items():
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run([*cmd, "list", "--target", target], stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=CALL_SECONDS,
+                                  env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (1, ""), f"{name}: {done.stderr[-3000:]}"
