@@ -8,6 +8,10 @@
 #   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
 #                then the load figures (make bench-load: stalled streams, concurrent uploads)
 #   make bench-report  how long the llama2 delegation report page takes to open in Chromium
+#   make image   build the server image (deploy/Dockerfile) with Docker: scripts/build_image.py
+#   make image-test  run that image as deploy/k8s/base's Deployment does, and check it (tests
+#                marked `image`; `make test` leaves them out)
+#   make bench-image  the image's size, cold and cached build times, time from `docker run` to SERVING
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +26,8 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean
+.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean \
+	image image-test bench-image
 
 venv: $(STAMP)
 
@@ -64,13 +69,13 @@ lint: venv
 		-m remote_partitioner.proto.transport
 
 test: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra -m "not conformance" --durations=15 $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -ra -m "not conformance and not image" --durations=15 $(PYTEST_ARGS) tests
 
 # The quick loop: everything but the tests marked `slow` (soaks, fleets of server processes,
 # the large example models). Still byte-identical lowerings of real models, every error path
 # and the security checks.
 test-fast: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra -m "not slow and not conformance" --durations=10 \
+	$(BIN)/python -m pytest -q -ra -m "not slow and not conformance and not image" --durations=10 \
 		$(PYTEST_ARGS) tests
 
 demo: venv
@@ -90,6 +95,21 @@ bench-load: venv
 # The llama2 report page in headless Chromium (Debian's chromium): time until drawn (goal < 3 s).
 bench-report: venv node-client
 	$(BIN)/python bench/report_page.py --json build/bench-report.json
+
+# The server image. IMAGE_BASE: the base image (a Debian bookworm one is built with mmdebstrap
+# when the default python:3.11-slim cannot be pulled); the wheelhouse comes from $(VENV).
+IMAGE ?= remote-partitioner:0.1.0
+IMAGE_BASE ?= python:3.11-slim
+image: venv
+	$(BIN)/python scripts/build_image.py --tag $(IMAGE) --base $(IMAGE_BASE)
+
+# Runs $(IMAGE) as the Deployment in deploy/k8s/base does (with CI=true, no Docker is a failure).
+image-test: venv
+	RP_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -ra -m image -p no:cacheprovider \
+		--durations=10 $(PYTEST_ARGS) tests/test_image.py
+
+bench-image: venv
+	$(BIN)/python bench/image.py --image $(IMAGE) --base $(IMAGE_BASE) --json build/bench-image.json
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

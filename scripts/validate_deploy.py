@@ -896,7 +896,13 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     pin = torch_pin()
     runs = [(n, i) for n, i in enumerate(instructions) if i.keyword == "RUN"]
     torch_runs = [(n, i) for n, i in runs if re.search(r"\btorch==", i.value)]
-    if not torch_runs:
+    # Or torch comes pinned (the host's CPU build) in the wheelhouse `make image` fills
+    # (scripts/build_image.py), installed with --no-index from its requirements.txt.
+    wheelhouse_runs = [(n, i) for n, i in runs
+                       if re.search(r"pip install[^&;]*-r\s+\S*/requirements\.txt", i.value)]
+    if wheelhouse_runs and "PIP_NO_INDEX=1" not in text:
+        err(wheelhouse_runs[0][1].line, "the wheelhouse is installed without PIP_NO_INDEX=1")
+    if not torch_runs and not wheelhouse_runs:
         err(1, "no RUN installs torch==<pin>")
     for _, i in torch_runs:
         if f"torch=={pin}" not in i.value:
@@ -906,7 +912,8 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
     package_runs = [(n, i) for n, i in runs if re.search(r"pip install[^&;]*\s\.(\s|$)", i.value)]
     if not package_runs:
         err(1, "no RUN installs the package (pip install .)")
-    elif torch_runs and package_runs[0][0] < torch_runs[0][0]:
+    elif (torch_runs or wheelhouse_runs) and \
+            package_runs[0][0] < (torch_runs or wheelhouse_runs)[0][0]:
         err(package_runs[0][1].line, "the package is installed before CPU torch: pip would "
             "resolve torch to the CUDA build")
     for i in instructions:
@@ -915,7 +922,7 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
         words = i.words()
         for source in words[:-1]:
             rel = posixpath.normpath(source).lstrip("/")
-            if not (context / rel).exists():
+            if not (context / rel).exists() and rel != "build/image/wheels":  # make image's
                 err(i.line, f"{i.keyword} source {source!r} is not in the build context")
             elif dockerignored(rel, ignore):
                 err(i.line, f"{i.keyword} source {source!r} is excluded by .dockerignore")

@@ -1,0 +1,644 @@
+"""The server image (``make image``), run as ``deploy/k8s/base``'s Deployment runs it.
+
+``make image-test`` runs these (marker ``image``; ``make test`` leaves them out). Each
+container's ``docker run`` is derived from the manifest rendered by ``kubectl kustomize``, not
+retyped: the container's command and args, uid/gid (runAsUser/runAsGroup, fsGroup added), a
+read-only root file system (readOnlyRootFilesystem) with the ``emptyDir`` volumes as tmpfs, the
+``secret`` volumes as read-only bind mounts of files the test writes (with the volume's
+``defaultMode``, group fsGroup), capabilities dropped, no-new-privileges
+(allowPrivilegeEscalation: false), the memory limit and the CPU limit (capped at this machine's
+CPUs: Docker refuses more), the env, and ``--stop-timeout`` = terminationGracePeriodSeconds.
+Every containerPort is published on 127.0.0.1 only (a free port Docker picks): traffic goes to
+loopback addresses only. Docker has no preStop hook; the Deployment's ``sleep 5`` is not run.
+
+Checks: the image's HEALTHCHECK (its own interval, timeout and start period) turns healthy and
+grpc.health.v1 answers SERVING; ``remote-partitioner list`` from the host lists the built-in
+partitioners and versions equal to the host's, and the image's packages equal the host's
+``make venv`` pins; XNNPACK, Vulkan and Core ML lowerings through ``RemotePartitioner`` equal
+local ones (Core ML after the conformance normalization), and so does a ``.pt2`` lowered with
+the ``Lower`` RPC (the CLI's ``lower``); the processes run as 10001 and nothing is written
+outside /tmp; ``docker stop`` during a lowering: it completes and the container exits 0 within
+the grace period; three containers behind one multi-address target, one killed during a batch:
+every lowering byte-identical; the TLS overlay's container serves TLS to a client with the CA.
+
+Without Docker (or without the image) the tests skip, saying why; with ``CI=true`` they fail.
+Every container carries the label :data:`LABEL` with this session's id and is removed at the
+end of its test or module, and whatever is left at the end of the session, even on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+import yaml
+from certs import _ca, _cert_pem, _leaf  # (tests/ is on sys.path)
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from executorch.exir import to_edge_transform_and_lower
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from models import small_models
+
+from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.client.lower import LowerClient, partitioner_ref
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from build_image import runtime_closure
+
+from conformance import normalize_coreml
+
+pytestmark = pytest.mark.image
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = os.environ.get("RP_IMAGE", "remote-partitioner:0.1.0")
+KUBECTL = Path(sys.executable).parent / "kubectl"
+LABEL = "remote-partitioner.image-test"
+SESSION = uuid.uuid4().hex[:12]
+#: How long a container may take from `docker run` to SERVING (imports: ~10-20 s).
+STARTUP_S = 240
+LOWER_TIMEOUT_S = 600
+#: The TLS overlay's probes check the certificate under this name.
+TLS_NAME = "remote-partitioner"
+BUILT_IN = {"xnnpack", "coreml", "vulkan"}
+
+
+# ------------------------------------------------------------------------------ Docker
+
+
+def _docker(*args: str, timeout: float = 120, check: bool = True) -> str:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def _docker_problem() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed (Debian: apt-get install docker.io)"
+    try:
+        done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return "the Docker daemon did not answer `docker info` in 60 s"
+    if done.returncode != 0:
+        return f"the Docker daemon cannot be reached: {done.stderr.strip()[-300:]}"
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True,
+                      timeout=60, check=False).returncode != 0:
+        return f"the image {IMAGE} is not built (run `make image`)"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def docker_ready() -> Iterator[None]:
+    """Skip (fail with CI=true) without a usable Docker and image; at the end of the session,
+    remove every container this session labelled, whatever happened."""
+    problem = _docker_problem()
+    if problem is not None:
+        message = f"image tests need Docker and the image: {problem}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield
+    finally:
+        left = _docker("ps", "-aq", "--filter", f"label={LABEL}={SESSION}").split()
+        if left:
+            _docker("rm", "-f", *left, check=False)
+
+
+# ---------------------------------------------------------------------------- manifests
+
+
+def rendered_deployment(kustomization: str) -> dict[str, Any]:
+    """The Deployment of ``kubectl kustomize <kustomization>``."""
+    out = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / kustomization)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    (deployment,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
+    return deployment
+
+
+_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (``6Gi``, ``512M``, ``1073741824``) in bytes."""
+    match = re.fullmatch(r"(\d+)([KMGT]i?|k)?", str(quantity))
+    assert match, quantity
+    return int(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+def quantity_cpus(quantity: str) -> float:
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+@dataclass
+class Container:
+    """A running container of the image: its id and the host addresses of its ports."""
+
+    id: str
+    ports: dict[int, str]  # containerPort -> "127.0.0.1:hostport"
+    token: str
+    token_file: Path
+
+    @property
+    def target(self) -> str:
+        return self.ports[50051]
+
+    def logs(self) -> str:
+        done = subprocess.run(["docker", "logs", self.id], capture_output=True, text=True,
+                              timeout=60, check=False)
+        return done.stdout + done.stderr
+
+    def inspect(self) -> dict[str, Any]:
+        info: dict[str, Any] = json.loads(_docker("inspect", self.id))[0]
+        return info
+
+
+def docker_run_args(deployment: dict[str, Any], secret_dirs: dict[str, Path]) -> list[str]:
+    """``docker run`` arguments (after ``run``) that run the Deployment's only container as the
+    pod spec says; ``secret_dirs``: for each Secret the pod mounts, a folder holding its keys."""
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pod_sc, sc = pod.get("securityContext", {}), container.get("securityContext", {})
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+    assert uid is not None and gid is not None, "the manifest names no uid/gid"
+    args = ["-d", "--label", f"{LABEL}={SESSION}", "--user", f"{uid}:{gid}"]
+    fs_group = pod_sc.get("fsGroup")
+    if fs_group is not None:
+        args += ["--group-add", str(fs_group)]
+    if sc.get("readOnlyRootFilesystem"):
+        args.append("--read-only")
+    for cap in sc.get("capabilities", {}).get("drop", []):
+        args += ["--cap-drop", cap]
+    for cap in sc.get("capabilities", {}).get("add", []):
+        args += ["--cap-add", cap]
+    if sc.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    assert not sc.get("privileged"), "the manifest asks for a privileged container"
+    limits = container.get("resources", {}).get("limits", {})
+    if "memory" in limits:
+        args += ["--memory", str(quantity_bytes(limits["memory"]))]
+    if "cpu" in limits:
+        args += ["--cpus", f"{min(quantity_cpus(limits['cpu']), float(os.cpu_count() or 1)):g}"]
+    for env in container.get("env", []):
+        args += ["-e", f"{env['name']}={env['value']}"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            size = volume["emptyDir"].get("sizeLimit")
+            opts = "rw,mode=1777" + (f",size={quantity_bytes(size)}" if size else "")
+            args += ["--tmpfs", f"{mount['mountPath']}:{opts}"]
+        elif "secret" in volume:
+            folder = secret_dirs[volume["secret"]["secretName"]]
+            mode = volume["secret"].get("defaultMode", 0o644)
+            os.chmod(folder, 0o750)
+            for path in [folder, *folder.iterdir()]:
+                os.chown(path, 0, fs_group if fs_group is not None else gid)
+            for path in folder.iterdir():
+                os.chmod(path, mode)
+            ro = ":ro" if mount.get("readOnly") else ""
+            args += ["-v", f"{folder}:{mount['mountPath']}{ro}"]
+        else:
+            raise AssertionError(f"volume kind not run by these tests: {volume}")
+    for port in container.get("ports", []):
+        args += ["-p", f"127.0.0.1::{port['containerPort']}"]
+    probe = container.get("readinessProbe", {})
+    if "exec" in probe:  # the TLS overlay: its probe replaces the image's plaintext one
+        args += ["--health-cmd", shlex.join(probe["exec"]["command"])]
+    if "terminationGracePeriodSeconds" in pod:
+        args += ["--stop-timeout", str(pod["terminationGracePeriodSeconds"])]
+    command = container["command"]
+    return [*args, "--entrypoint", command[0], IMAGE, *command[1:], *container.get("args", [])]
+
+
+def health_status(target: str, credentials: grpc.ChannelCredentials | None = None,
+                  options: tuple[tuple[str, Any], ...] = ()) -> int | None:
+    channel = (grpc.secure_channel(target, credentials, options=options) if credentials
+               else grpc.insecure_channel(target, options=options))
+    with channel:
+        try:
+            return int(health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=3).status)
+        except grpc.RpcError:
+            return None
+
+
+def wait_serving(container: Container, credentials: grpc.ChannelCredentials | None = None,
+                 options: tuple[tuple[str, Any], ...] = ()) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if health_status(container.target, credentials, options) == \
+                health_pb2.HealthCheckResponse.SERVING:
+            return
+        state = container.inspect()["State"]
+        if not state["Running"]:
+            raise AssertionError(f"container exited {state['ExitCode']}:\n{container.logs()}")
+        time.sleep(0.5)
+    raise AssertionError(f"not SERVING within {STARTUP_S} s:\n{container.logs()[-4000:]}")
+
+
+@contextlib.contextmanager
+def run_container(
+    tmp: Path, kustomization: str = "deploy/k8s/base", tls: dict[str, bytes] | None = None,
+    token: str | None = None,
+) -> Iterator[Container]:
+    """A container of the image run as ``kustomization``'s Deployment says (``token``: the
+    token Secret's one token, a fresh one by default; ``tls``: the TLS Secret's keys);
+    removed on exit."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    token = token or secrets.token_urlsafe(24)
+    token_dir = tmp / "token"
+    token_dir.mkdir()
+    (token_dir / "tokens").write_text(token + "\n")
+    token_file = tmp / "client-token"
+    token_file.write_text(token + "\n")
+    secret_dirs = {"remote-partitioner-token": token_dir}
+    if tls is not None:
+        tls_dir = tmp / "tls"
+        tls_dir.mkdir()
+        for name, data in tls.items():
+            (tls_dir / name).write_bytes(data)
+        secret_dirs["remote-partitioner-tls"] = tls_dir
+    args = docker_run_args(rendered_deployment(kustomization), secret_dirs)
+    cid = _docker("run", *args).strip()
+    try:
+        ports = {}
+        for line in _docker("port", cid).splitlines():  # "50051/tcp -> 127.0.0.1:49153"
+            inner, _, outer = line.partition(" -> ")
+            ports[int(inner.split("/")[0])] = outer.strip()
+        assert all(p.startswith("127.0.0.1:") for p in ports.values()), ports
+        yield Container(cid, ports, token, token_file)
+    finally:
+        _docker("rm", "-f", cid, check=False)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+    """One container of the base Deployment, SERVING, shared by the module's checks."""
+    with run_container(tmp_path_factory.mktemp("container")) as container:
+        wait_serving(container)
+        yield container
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def _export(name: str) -> torch.export.ExportedProgram:
+    module, inputs = small_models()[name]
+    return torch.export.export(module.eval(), inputs, strict=True)
+
+
+def _local_partitioner(backend: str) -> Any:
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+
+        return XnnpackPartitioner()
+    if backend == "vulkan":
+        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+        return VulkanPartitioner()
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    return CoreMLPartitioner()
+
+
+def _lower(ep: torch.export.ExportedProgram, partitioner: Any) -> bytes:
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    delegated = any("executorch_call_delegate" in str(n.target)
+                    for n in edge.exported_program().graph.nodes)
+    assert delegated, "nothing was delegated: the comparison would prove little"
+    return bytes(edge.to_executorch().buffer)
+
+
+_LOCAL: dict[tuple[str, str], bytes] = {}
+
+
+def local_pte(model: str, backend: str) -> bytes:
+    if (model, backend) not in _LOCAL:
+        _LOCAL[model, backend] = _lower(_export(model), _local_partitioner(backend))
+    return _LOCAL[model, backend]
+
+
+def remote_pte(target: str, model: str, backend: str, token: str, **kwargs: Any) -> bytes:
+    remote = RemotePartitioner(target, backend, token=token, timeout=LOWER_TIMEOUT_S,
+                               remote_preprocess=True, **kwargs)
+    pte = _lower(_export(model), remote)
+    assert remote.stats["preprocess_calls"] >= 1, remote.stats  # the container preprocessed
+    return pte
+
+
+class _Deep(torch.nn.Module):
+    """Wide and deep enough that its lowering takes seconds (stop during a lowering)."""
+
+    def __init__(self, layers: int = 48, width: int = 256) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return torch.cumsum(x, dim=1)
+
+
+def _archive(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> bytes:
+    buffer = io.BytesIO()
+    torch.export.save(torch.export.export(module.eval(), inputs, strict=True), buffer)
+    return buffer.getvalue()
+
+
+def _local_archive_pte(archive: bytes) -> bytes:
+    ep = torch.export.load(io.BytesIO(archive))  # trusted: this test wrote it
+    return _lower(ep, _local_partitioner("xnnpack"))
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def test_runs_as_the_manifest_says(served: Container) -> None:
+    """uid/gid 10001 for every process, read-only root, no capabilities, no new privileges,
+    the memory limit; nothing written outside /tmp."""
+    (spec,) = rendered_deployment("deploy/k8s/base")["spec"]["template"]["spec"]["containers"]
+    host = served.inspect()["HostConfig"]
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["Memory"] == quantity_bytes(spec["resources"]["limits"]["memory"])
+    assert set(host["Tmpfs"]) == {"/tmp"}
+    assert served.inspect()["Config"]["User"] == "10001:10001"
+    # Every process (the server and its --workers=2 worker processes), by /proc on the host.
+    rows = [line.split() for line in _docker("top", served.id, "-eo", "uid,gid,pid").splitlines()]
+    ids = {(r[0], r[1]) for r in rows[1:]}
+    assert len(rows) - 1 >= 3, rows
+    assert ids == {("10001", "10001")}, rows
+    # Nothing in the container's writable layer but the mount points Docker made for the
+    # secrets (and their parents); the tmpfs /tmp is not part of it ...
+    mounts = [Path(m["Destination"]) for m in served.inspect()["Mounts"]]
+    made = {str(p) for m in mounts for p in [m, *m.parents] if str(p) != "/"}
+    changed = [line.split(maxsplit=1) for line in _docker("diff", served.id).splitlines()]
+    assert [c for c in changed if c[1] not in made] == [], changed
+    # ... and the root file system refuses a write, as the server's uid.
+    tried = subprocess.run(
+        ["docker", "exec", served.id, "python", "-c", "open('/opt/venv/x', 'w')"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert tried.returncode != 0 and "Read-only file system" in tried.stderr, tried.stderr
+
+
+def test_healthcheck_and_grpc_health(served: Container) -> None:
+    """The image's own HEALTHCHECK (its interval and start period, not shortened) turns
+    healthy, and grpc.health.v1 answers SERVING from the host."""
+    check = served.inspect()["Config"]["Healthcheck"]
+    assert "remote_partitioner.server.probe" in " ".join(check["Test"])
+    bound = (check["StartPeriod"] + check["Interval"] * (check["Retries"] + 2)) / 1e9
+    deadline = time.monotonic() + bound
+    status = None
+    while time.monotonic() < deadline:
+        status = served.inspect()["State"]["Health"]["Status"]
+        if status == "healthy":
+            break
+        time.sleep(1)
+    assert status == "healthy", served.inspect()["State"]["Health"]
+    assert health_status(served.target) == health_pb2.HealthCheckResponse.SERVING
+
+
+def _cli(*args: str, timeout: float = LOWER_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", *args],
+        capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+def test_cli_list_shows_the_partitioners_and_the_hosts_versions(served: Container) -> None:
+    done = _cli("list", "--target", served.target, "--token-file", str(served.token_file),
+                "--json", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = json.loads(done.stdout)
+    assert {p["name"] for p in listed["partitioners"]} >= BUILT_IN
+    versions = listed["versions"]
+    assert versions["torch"] == torch.__version__
+    assert versions["executorch"] == metadata.version("executorch")
+    assert versions["server"] == metadata.version("remote-partitioner")
+
+
+def test_image_packages_are_the_hosts_pins() -> None:
+    """Every package in the image's virtualenv at the version `make venv` installed here."""
+    frozen = _docker("run", "--rm", "--network", "none", "--label", f"{LABEL}={SESSION}",
+                     "--entrypoint", "pip", IMAGE, "list", "--format", "json")
+    image = {p["name"].lower().replace("_", "-").replace(".", "-"): p["version"]
+             for p in json.loads(frozen)}
+    image.pop("pip")
+    assert image.pop("remote-partitioner") == metadata.version("remote-partitioner")
+    host = {key: version for key, (_, version) in runtime_closure().items()}
+    assert image == host
+
+
+@pytest.mark.parametrize(("backend", "model"), [
+    ("xnnpack", "mlp"), ("xnnpack", "conv"), ("vulkan", "conv"), ("coreml", "conv"),
+])
+def test_lowering_through_the_container_is_local_lowering(
+    served: Container, backend: str, model: str,
+) -> None:
+    """Partitioned and preprocessed in the container, the .pte is the local one (Core ML:
+    equal after the conformance normalization across processes, and the same length)."""
+    remote = remote_pte(served.target, model, backend, served.token)
+    local = local_pte(model, backend)
+    if backend == "coreml":
+        assert len(remote) == len(local)
+        assert normalize_coreml(remote, across_processes=True) == normalize_coreml(
+            local, across_processes=True)
+    else:
+        assert remote == local, f"remote {len(remote)} B, local {len(local)} B"
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(self.fc2(torch.relu(self.fc1(x))), dim=1)
+
+
+def test_cli_lower_of_a_pt2(served: Container, tmp_path: Path) -> None:
+    """The `Lower` RPC (the CLI's `lower`) on a .pt2: the local .pte."""
+    archive = _archive(_Net(), (torch.randn(2, 8),))
+    model, out = tmp_path / "model.pt2", tmp_path / "model.pte"
+    model.write_bytes(archive)
+    done = _cli("lower", str(model), "-o", str(out), "--partitioner", "xnnpack",
+                "--target", served.target, "--token-file", str(served.token_file))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.read_bytes() == _local_archive_pte(archive)
+
+
+def _metric(container: Container, name: str, labels: str) -> float:
+    """A sample of the container's /metrics (0 when absent)."""
+    with urllib.request.urlopen(f"http://{container.ports[9090]}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_docker_stop_during_a_lowering(tmp_path: Path) -> None:
+    """SIGTERM (`docker stop`, which waits --stop-timeout = terminationGracePeriodSeconds)
+    while a Lower call runs: the call completes with the local .pte, and the container exits
+    0 within the grace period."""
+    archive = _archive(_Deep(), (torch.randn(2, 256),))
+    grace = rendered_deployment("deploy/k8s/base")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    with run_container(tmp_path / "c") as container:
+        wait_serving(container)
+        result: dict[str, Any] = {}
+
+        def lower() -> None:
+            try:
+                with LowerClient(container.target, token=container.token,
+                                 timeout=LOWER_TIMEOUT_S) as client:
+                    result["pte"] = client.lower(archive, [partitioner_ref("xnnpack")]).pte
+            except BaseException as e:  # reported below
+                result["error"] = e
+
+        thread = threading.Thread(target=lower)
+        thread.start()
+        deadline = time.monotonic() + LOWER_TIMEOUT_S
+        while _metric(container, "remote_partitioner_in_flight", 'rpc="Lower"') < 1:
+            assert thread.is_alive() and time.monotonic() < deadline, (
+                f"the Lower call was never seen in flight: {result}")
+            time.sleep(0.05)
+        started = time.monotonic()
+        _docker("stop", container.id, timeout=grace + 60)
+        stopped = time.monotonic() - started
+        thread.join(timeout=LOWER_TIMEOUT_S)
+        state = container.inspect()["State"]
+        logs = container.logs()
+    assert "error" not in result, f"{result['error']!r}\n{logs[-3000:]}"
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], (state, logs[-3000:])
+    assert stopped < grace, f"stopped after {stopped:.1f} s (grace {grace} s)"
+    assert "shutting down" in logs
+    assert result["pte"] == _local_archive_pte(archive)
+
+
+def test_failover_across_three_containers(tmp_path: Path) -> None:
+    """Three containers behind one `ipv4:` multi-address target; client threads lower small
+    models; after the first lowering finished, the container that served calls is killed
+    (SIGKILL) while the others are under way: every lowering still gives the local .pte."""
+    models = ["linear", "mlp", "conv", "add-mul"] * 2
+    want = {m: local_pte(m, "xnnpack") for m in set(models)}
+    token = secrets.token_urlsafe(24)  # one Secret for the three replicas
+    with contextlib.ExitStack() as stack:
+        containers = [stack.enter_context(run_container(tmp_path / f"c{i}", token=token))
+                      for i in range(3)]
+        for container in containers:
+            wait_serving(container)
+        target = "ipv4:" + ",".join(c.target for c in containers)
+        done: list[tuple[str, bytes]] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        pending = list(models)
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    model = pending.pop()
+                try:
+                    pte = _lower(_export(model), RemotePartitioner(
+                        target, "xnnpack", token=token, timeout=LOWER_TIMEOUT_S))
+                except BaseException as e:  # reported below
+                    with lock:
+                        errors.append(e)
+                    return
+                with lock:
+                    done.append((model, pte))
+
+        threads = [threading.Thread(target=worker) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + LOWER_TIMEOUT_S
+        while not done and not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        served_calls = [_requests(c) for c in containers]
+        victim = containers[max(range(3), key=served_calls.__getitem__)]
+        with lock:
+            finished_before_kill = len(done)
+        _docker("kill", victim.id)
+        for thread in threads:
+            thread.join(timeout=LOWER_TIMEOUT_S)
+    assert not errors, errors
+    assert len(done) == len(models)
+    assert finished_before_kill < len(models), "the batch was over before the kill"
+    for model, pte in done:
+        assert pte == want[model], model
+
+
+def _requests(container: Container) -> float:
+    with urllib.request.urlopen(f"http://{container.ports[9090]}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(v) for v in re.findall(
+        r'^remote_partitioner_requests_total\{[^}]*rpc="Partition"[^}]*\} (\S+)$', text, re.M))
+
+
+def _tls_files() -> tuple[dict[str, bytes], bytes]:
+    """The TLS Secret's keys (tls.crt naming TLS_NAME and 127.0.0.1, tls.key, ca.crt) and
+    the CA."""
+    ca = _ca("remote-partitioner image-test CA")
+    cert, key = _leaf(TLS_NAME, ca, ExtendedKeyUsageOID.SERVER_AUTH,
+                      [x509.DNSName(TLS_NAME), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    ca_pem = _cert_pem(ca[0])
+    return {"tls.crt": cert, "tls.key": key, "ca.crt": ca_pem}, ca_pem
+
+
+def test_tls_overlay(tmp_path: Path) -> None:
+    """The TLS overlay's Deployment: its certificate mounts and args; it serves TLS (a
+    plaintext client gets no answer), its exec probe (the image's health check replaced by
+    it) turns healthy, and a client with the CA lowers the local .pte through it."""
+    files, ca = _tls_files()
+    with run_container(tmp_path / "c", "deploy/k8s/overlays/tls", tls=files) as container:
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        wait_serving(container, credentials)
+        assert health_status(container.target) is None  # plaintext: refused
+        remote = _lower(_export("mlp"), RemotePartitioner(
+            container.target, "xnnpack", token=container.token, credentials=credentials,
+            timeout=LOWER_TIMEOUT_S))
+        assert remote == local_pte("mlp", "xnnpack")
+        check = container.inspect()["Config"]["Healthcheck"]
+        assert "--tls" in " ".join(check["Test"])
+        bound = (check["StartPeriod"] + check["Interval"] * (check["Retries"] + 2)) / 1e9
+        deadline = time.monotonic() + bound
+        while container.inspect()["State"]["Health"]["Status"] != "healthy":
+            assert time.monotonic() < deadline, container.inspect()["State"]["Health"]
+            time.sleep(1)
+
