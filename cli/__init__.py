@@ -33,13 +33,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors in a client command run with ``--json`` are
     printed as that command line's JSON error object (on stderr, exit 2)."""
 
-    #: Set by :func:`main` when the command line holds ``--json``.
-    json_errors = False
+    #: Set by :func:`main`: the client command the command line runs with ``--json``, if
+    #: any (the top-level parser reports some of its errors, e.g. unknown options).
+    json_errors_of: str | None = None
 
     def error(self, message: str) -> NoReturn:
-        command = self.prog.rsplit(" ", 1)[-1]
-        if self.json_errors and command in client_cli.COMMANDS:
-            client_cli.usage_error(command, message, as_json=True)
+        if self.json_errors_of is not None:
+            client_cli.usage_error(self.json_errors_of, message, as_json=True)
         super().error(message)
 
 
@@ -77,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     process exit status (argparse exits with 2 on a usage error)."""
     parser, serve = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
-    _Parser.json_errors = "--json" in raw
+    json_command = raw[0] if raw and raw[0] in client_cli.COMMANDS and "--json" in raw else None
+    _Parser.json_errors_of = json_command
     args = parser.parse_args(raw)
     if args.command == "serve":
         return server_cli.run_serve(args, raw, serve)

@@ -3,6 +3,8 @@ commands, parses ``serve`` as the server's own entry point does, and starts ligh
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 
@@ -59,3 +61,66 @@ def test_python_dash_m_runs_it() -> None:
     done = subprocess.run([sys.executable, "-m", "remote_partitioner.cli", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "partition" in done.stdout
+
+
+def test_version_names_the_package_torch_and_executorch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for dist in ("remote-partitioner", "torch", "executorch"):
+        assert f"{dist} {importlib.metadata.version(dist)}" in out
+
+
+@pytest.mark.parametrize("command", ["list", "partition", "lower"])
+def test_help_shows_defaults(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert f"(default: {client_cli.DEFAULT_TARGET})" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
+    if command != "list":
+        assert "--skip-ir-validity-check do not verify the edge program's IR" in out
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("true", True), ("FALSE", False), ("42", 42), ("-7", -7), ("+3", 3),
+    ("9223372036854775807", 2**63 - 1), ("1.5", 1.5), ("2.", 2.0), (".25", 0.25),
+    ("1e-3", 0.001), ("-inf", -math.inf), ("str:8", "8"), ("str:true", "true"), ("str:", ""),
+    ("1_000", "1_000"), (" 5", " 5"), ("1.2.3", "1.2.3"), ("", ""), ("CPU_ONLY", "CPU_ONLY"),
+])
+def test_spec_values_are_typed_as_in_node(text: str, value: object) -> None:
+    """The same table as client/node/test/unit.test.js's parseSpecValue test."""
+    parsed = client_cli.parse_spec_value(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+def test_spec_nan_and_refusals() -> None:
+    assert math.isnan(client_cli.parse_spec_value("NaN"))  # type: ignore[arg-type]
+    with pytest.raises(client_cli.UsageError, match="int64"):
+        client_cli.parse_spec_value("9223372036854775808")
+    plan = [("partitioner", "a"), ("spec", "x=1"), ("partitioner", "b"), ("spec", "y=str:2")]
+    assert client_cli.partitioner_plan(plan) == [("a", {"x": 1}), ("b", {"y": "2"})]
+    for bad, words in (
+        ([("spec", "x=1"), ("partitioner", "a")], "before any --partitioner"),
+        ([], "--partitioner NAME is required"),
+        ([("partitioner", "a"), ("spec", "x")], "KEY=VALUE"),
+        ([("partitioner", "a"), ("spec", "x=1"), ("spec", "x=2")], "given twice"),
+    ):
+        with pytest.raises(client_cli.UsageError, match=words):
+            client_cli.partitioner_plan(bad)
+
+
+def test_a_usage_error_with_json_is_json_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["lower", "model.pt2", "--json", "--no-such-option"])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error = json.loads(captured.err)["error"]
+    assert (error["exit_code"], error["kind"]) == (2, "usage")
+    assert "--no-such-option" in error["message"]
