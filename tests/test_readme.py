@@ -6,7 +6,7 @@ point to exists.
   its own server on a free loopback port) and once against the session's ``remote-partitioner
   serve`` process named by ``REMOTE_PARTITIONER_TARGET``, as the README's second way says. Each
   run must write ``model.pte`` equal, byte for byte, to the local lowering of the snippet's own
-  model with ``XnnpackPartitioner`` in another fresh process, and print what it says it prints.
+  model with ``XnnpackPartitioner`` in another fresh process, and print what the README shows.
 * Every relative link of README.md and docs/*.md reaches a file or directory inside the
   repository (and, into a Markdown file, one of its headings); every repository path they name
   exists; nothing names a file the repository does not hold (DESIGN.md, ../shared); every
@@ -119,9 +119,22 @@ def run_quickstart(directory: Path, target: str | None) -> tuple[str, bytes]:
     return proc.stdout, pte.read_bytes()
 
 
+def printed() -> str:
+    """The output the README shows after the quick start (the block after "It prints")."""
+    after = README.read_text().split(MARK, 1)[1].split("\nIt prints", 1)[1]
+    match = re.search(r"\n```\n(.*?\n)```\n", after, re.S)
+    assert match, "no output block after the quick start's \"It prints\""
+    return match.group(1)
+
+
 def check_output(stdout: str, pte: bytes, target_shown: str) -> None:
     """What the README says the quick start prints: the file, its size and the server; what
-    XNNPACK took; cumsum left on the CPU, with a reason."""
+    XNNPACK took; cumsum left on the CPU, with a reason; the very lines the README shows, but
+    for the port."""
+    def any_port(text: str) -> str:
+        return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+
+    assert any_port(stdout) == any_port(printed())
     first = stdout.splitlines()[0]
     assert first == (f"wrote model.pte ({len(pte)} bytes), partitioned by the server at "
                      f"{target_shown}"), stdout
