@@ -8,7 +8,9 @@ Three pieces, none of which changes what a call answers:
 - :class:`ObservabilityInterceptor`, a ``grpc.aio.ServerInterceptor``, wraps every handler (all four
   kinds) to count calls, time them, sum message sizes, track calls in flight and the blob
   cache's hits and misses, give each call a request id and log one access line per call.
-- :func:`configure_logging` sets up process logging with the request id in every line.
+- :func:`configure_logging` sets up process logging with the request id in every line, at one
+  level for everything the process writes through logging (libraries, Python warnings, progress
+  bars given a :class:`ProgressLog`), known-harmless library messages demoted to DEBUG.
 
 Request ids. A call's id is the incoming ``x-request-id`` metadata value when it is 1 to 64
 characters of ``[A-Za-z0-9._-]``, else a fresh ``uuid4().hex`` (32 lowercase hex characters).
@@ -47,6 +49,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import io
 import logging
 import re
 import sys
@@ -87,6 +90,8 @@ _FIND_MISSING_BLOBS = "FindMissingBlobs"
 _VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _VALID_PARTITIONER = re.compile(r"[a-z0-9_.-]{1,64}")
 _OWNED_HANDLER = "_remote_partitioner_observability"
+_WARNINGS_LOGGER = "py.warnings"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 # ---------------------------------------------------------------------------------- metrics
@@ -252,14 +257,116 @@ def _level(level: str) -> int:
     raise ValueError(f"unknown log level {level!r}")
 
 
+#: Messages that torch and the backends' libraries log at WARNING although they are known to
+#: be harmless, by logger name: (the level :func:`configure_logging` gives them instead, a
+#: regular expression searched in the message). At start-up (DEBUG): torchao's CUDA kernels and
+#: Triton, absent on a CPU host; coremltools' native runtime, which exists on macOS only, and
+#: its version notes; torchao registering an Enum as a pytree constant. On every lowering: torch's
+#: export deep-copies its own ``LeafSpec`` s, which warns about the class itself (a
+#: ``FutureWarning`` raised inside torch, DEBUG); Core ML's preprocess says of every model
+#: that it "will not run on all version of iOS/macOS" (INFO).
+KNOWN_NOISE: dict[str, tuple[tuple[int, str], ...]] = {
+    "torchao": ((logging.DEBUG, r"^Failed to load \S*/torchao/_C\w*\.\S+\.so: "),),
+    "torchao.kernel.intmm": ((logging.DEBUG, r"^Warning: Detected no triton, "),),
+    "coremltools": (
+        (logging.DEBUG,
+         r"^Failed to load _ML\w+Proxy: No module named 'coremltools\.libcoremlpython'$"),
+        (logging.DEBUG, r"^scikit-learn version \S+ is not supported\."),
+        (logging.DEBUG, r"^Torch version \S+ has not been tested with coremltools\."),
+    ),
+    "torch.utils._pytree": (
+        (logging.DEBUG, r"^<enum 'KernelPreference'> is an Enum subclass and is now natively "
+                        r"supported by torch\.compile"),
+    ),
+    "executorch.backends.apple.coreml.compiler.coreml_preprocess": (
+        (logging.INFO, r"^The model with identifier executorch_\S+ was exported with CoreML "
+                       r"specification version \d+, and it will not run on all version of "),
+    ),
+    _WARNINGS_LOGGER: (
+        (logging.DEBUG,
+         r"/copyreg\.py:\d+: FutureWarning: `isinstance\(treespec, LeafSpec\)` is deprecated"),
+    ),
+}
+#: How many distinct warnings :func:`configure_logging` remembers, to log each once at WARNING.
+WARNINGS_REMEMBERED = 4096
+
+
+class _Quieter(logging.Filter):
+    """A logger's filter: a record whose message matches one of ``rules`` (level, pattern)
+    gets that level when it had a higher one; with ``once``, a repeat of a message already
+    logged becomes a DEBUG record (the first keeps its level). Then records below
+    ``threshold`` are dropped (also for handlers other than the root's, e.g. torch's own)."""
+
+    def __init__(
+        self, threshold: int, rules: Iterable[tuple[int, str]] = (), *, once: bool = False
+    ) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.rules = tuple((level, re.compile(pattern)) for level, pattern in rules)
+        self.once = once
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and (self.rules or self.once):
+            message = record.getMessage()
+            level = next((lv for lv, p in self.rules if p.search(message)), record.levelno)
+            if self._repeated(message):
+                level = logging.DEBUG
+            if level < record.levelno:
+                record.levelno, record.levelname = level, logging.getLevelName(level)
+        return record.levelno >= self.threshold
+
+    def _repeated(self, message: str) -> bool:
+        if not self.once:
+            return False
+        if message in self._seen:
+            return True
+        if len(self._seen) < WARNINGS_REMEMBERED:
+            self._seen.add(message)
+        return False
+
+
+class ProgressLog(io.TextIOBase):
+    """A text stream to give a progress bar (tqdm's ``file=``) so that it logs instead of
+    drawing: each line the bar ends (its final state; tqdm redraws with carriage returns, which
+    are dropped) becomes one record of ``logger`` at ``level``. Give each bar a stream of its
+    own (bars drawn by concurrent calls would interleave in a shared one)."""
+
+    def __init__(self, logger: logging.Logger, level: int = logging.INFO) -> None:
+        super().__init__()
+        self._logger = logger
+        self._level = level
+        self._state = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *ended, self._state = (self._state + text).split("\n")
+        for line in ended:
+            state = _ANSI.sub("", line.rsplit("\r", 1)[-1]).strip()
+            if state:
+                self._logger.log(self._level, "%s", state)
+        self._state = self._state.rsplit("\r", 1)[-1]  # only the latest redraw is kept
+        return len(text)
+
+
 def configure_logging(level: str = "WARNING", *, stream: TextIO | None = None) -> None:
     """Log to ``stream`` (stderr) at ``level`` with :data:`LOG_FORMAT` (which shows the request
-    id), like ``logging.basicConfig``.
+    id), like ``logging.basicConfig``; call it before importing torch and the backends, so that
+    what they log on import goes through it too.
 
     Installs one handler on the root logger, carrying a :class:`RequestIdFilter`, replacing the
     one a previous call installed (other handlers are left alone), and sets the root level. The
-    access logger (:data:`ACCESS_LOGGER`) is set to ``max(level, INFO)``: its INFO lines show
-    only when ``level`` is INFO or lower.
+    handler itself has ``level``, so a library that lowers a logger's level (ExecuTorch's Vulkan
+    partitioner sets the root logger to INFO when imported) does not make the output louder.
+    The access logger (:data:`ACCESS_LOGGER`) is set to ``max(level, INFO)``: its INFO lines
+    show only when ``level`` is INFO or lower.
+
+    Python warnings are logged (``logging.captureWarnings``, logger ``py.warnings``): each
+    distinct warning once at WARNING, its repeats at DEBUG. The messages of
+    :data:`KNOWN_NOISE` are logged at the lower level it gives them. Filters a previous call
+    installed are replaced.
 
     Raises:
         ValueError: ``level`` is not a logging level name or number.
@@ -272,10 +379,20 @@ def configure_logging(level: str = "WARNING", *, stream: TextIO | None = None) -
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.addFilter(RequestIdFilter())
+    handler.setLevel(numeric)
     setattr(handler, _OWNED_HANDLER, True)
     root.addHandler(handler)
     root.setLevel(numeric)
     logging.getLogger(ACCESS_LOGGER).setLevel(max(numeric, logging.INFO))
+    for name in {*KNOWN_NOISE, _WARNINGS_LOGGER}:
+        logger = logging.getLogger(name)
+        for old_filter in list(logger.filters):
+            if isinstance(old_filter, _Quieter):
+                logger.removeFilter(old_filter)
+        logger.addFilter(
+            _Quieter(numeric, KNOWN_NOISE.get(name, ()), once=name == _WARNINGS_LOGGER)
+        )
+    logging.captureWarnings(True)
 
 
 # ---------------------------------------------------------------------------------- interceptor
@@ -575,12 +692,14 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
 
 __all__ = [
     "ACCESS_LOGGER",
+    "KNOWN_NOISE",
     "LATENCY_BUCKETS",
     "LOG_FORMAT",
     "REQUEST_ID",
     "REQUEST_ID_KEY",
     "Metrics",
     "ObservabilityInterceptor",
+    "ProgressLog",
     "RequestIdFilter",
     "configure_logging",
     "request_id_from_metadata",

@@ -3,7 +3,10 @@ the compile specs they become."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +23,12 @@ from remote_partitioner.server.registry import (
     list_key,
     member,
     split_list,
+)
+
+#: coremltools' progress bars, drawn on stderr by every conversion: (module, name of tqdm).
+_PROGRESS_BARS = (
+    ("coremltools.converters.mil.frontend.torch.ops", "_tqdm"),
+    ("coremltools.converters.mil.mil.passes.pass_pipeline", "tqdm"),
 )
 
 _COREML_COMPILE_KEYS = (
@@ -51,9 +60,30 @@ def _quantizer_config(value: str) -> dict[str, Any]:
     return parsed
 
 
+def _logged_bar(bar: Any, logger: logging.Logger, *args: Any, **kwargs: Any) -> Any:
+    from remote_partitioner.server.observability import ProgressLog
+
+    return bar(*args, **{**kwargs, "file": ProgressLog(logger), "position": 0})
+
+
+def _log_progress_bars() -> None:
+    """Make coremltools' progress bars log instead of drawing on stderr: one INFO line of the
+    ``coremltools`` logger per finished bar (:class:`~remote_partitioner.server.observability.
+    ProgressLog`). Patches the modules of :data:`_PROGRESS_BARS` that still hold tqdm itself
+    (so calling it again changes nothing)."""
+    from tqdm import tqdm
+
+    logger = logging.getLogger("coremltools")
+    for module_name, name in _PROGRESS_BARS:
+        module = importlib.import_module(module_name)
+        if getattr(module, name, None) is tqdm:
+            setattr(module, name, functools.partial(_logged_bar, tqdm, logger))
+
+
 def hosted() -> HostedPartitioner:
     """The hosted ``coreml`` partitioner (imports coremltools and ExecuTorch's Core ML
-    backend; raises if they cannot be imported)."""
+    backend; raises if they cannot be imported). coremltools' progress bars then log
+    (:func:`_log_progress_bars`)."""
     import coremltools as ct
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
     from executorch.backends.apple.coreml.compiler import CoreMLBackend
@@ -61,6 +91,8 @@ def hosted() -> HostedPartitioner:
         MULTIMETHOD_WEIGHT_SHARING_STRATEGY,
     )
     from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    _log_progress_bars()
 
     keys = key_table(
         enum_key(
