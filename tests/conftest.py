@@ -5,26 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+import servers
+from servers import Launched, launch, serve_process, served  # (tests/ is on sys.path)
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-STARTUP_SECONDS = 180
 
 
 def modules_loaded_by(code: str, roots: set[str], timeout: float = 120) -> list[str]:
@@ -38,21 +33,6 @@ def modules_loaded_by(code: str, roots: set[str], timeout: float = 120) -> list[
                          check=True, timeout=timeout)
     loaded: list[str] = json.loads(out.stdout)
     return loaded
-
-
-def wait_serving(target: str, deadline: float) -> None:
-    """Poll grpc.health.v1 until SERVING; bounded by ``deadline`` (time.monotonic())."""
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise TimeoutError(f"server at {target} did not report SERVING in time")
 
 
 @contextlib.contextmanager
@@ -84,63 +64,21 @@ def plugin_distribution(
             os.environ["PYTHONPATH"] = saved
 
 
-def _start(log_dir: Path, *args: str) -> tuple[subprocess.Popen[str], IO[str]]:
-    """Start `remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1,
-    without waiting for it; returns the process and its log file. The log goes to a file (a
-    pipe nobody reads would fill up and block the server)."""
-    log = (log_dir / "server.log").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_partitioner.cli", "serve",
-         "--address", "127.0.0.1:0", *args],
-        stdout=subprocess.PIPE, stderr=log, text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    return proc, log
-
-
-@contextlib.contextmanager
-def _served(proc: subprocess.Popen[str], log: IO[str]
-            ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """Wait until the server :func:`_start` started is SERVING; yield it and its target;
-    stop it on exit."""
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + STARTUP_SECONDS
-        line = proc.stdout.readline()
-        match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
-        if match is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-            log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r}\n{log.read()[-4000:]}")
-        target = match.group(1)
-        wait_serving(target, deadline)
-        yield proc, target
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        log.close()
-
-
 @contextlib.contextmanager
 def _serve(
     tmp_path_factory: pytest.TempPathFactory, *args: str
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`remote-partitioner serve ARGS` in its own process, on a free port of 127.0.0.1,
     SERVING; yields (process, target) and stops it on exit."""
-    with _served(*_start(tmp_path_factory.mktemp("server"), *args)) as served:
-        yield served
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with serve_process(log, *args) as (proc, target, _):
+        yield proc, target
 
 
 #: The session server, started when the session starts (:func:`pytest_sessionstart`) so that
 #: its imports (about 10 s) run on the other core while this process collects the tests;
 #: :func:`server_process` takes it. Its log's directory.
-_EARLY_SERVER: list[tuple[subprocess.Popen[str], IO[str]]] = []
+_EARLY_SERVER: list[Launched] = []
 _EARLY_LOG_DIR: list[Path] = []
 
 
@@ -148,15 +86,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return  # no test runs: a server would only compete with collection
     _EARLY_LOG_DIR.append(Path(tempfile.mkdtemp(prefix="rp-session-server-")))
-    _EARLY_SERVER.append(_start(_EARLY_LOG_DIR[0]))
+    _EARLY_SERVER.append(launch(_EARLY_LOG_DIR[0] / "server.log"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     while _EARLY_SERVER:  # no test asked for it: stop it
-        proc, log = _EARLY_SERVER.pop()
-        proc.kill()
-        proc.communicate(timeout=30)
-        log.close()
+        _EARLY_SERVER.pop().stop()
     while _EARLY_LOG_DIR:
         shutil.rmtree(_EARLY_LOG_DIR.pop(), ignore_errors=True)
 
@@ -167,9 +102,10 @@ def server_process(
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`remote-partitioner serve` with default settings, shared by the session (started with
     the session)."""
-    started = _EARLY_SERVER.pop() if _EARLY_SERVER else _start(tmp_path_factory.mktemp("server"))
-    with _served(*started) as served:
-        yield served
+    started = (_EARLY_SERVER.pop() if _EARLY_SERVER
+               else launch(tmp_path_factory.mktemp("server") / "server.log"))
+    with served(started) as (proc, target, _):
+        yield proc, target
 
 
 @pytest.fixture(scope="session")
@@ -177,8 +113,8 @@ def uncached_server_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A server whose result cache is off, so that every hook call runs the partitioner."""
-    with _serve(tmp_path_factory, "--result-cache-bytes", "0") as served:
-        yield served
+    with _serve(tmp_path_factory, "--result-cache-bytes", "0") as started:
+        yield started
 
 
 @pytest.fixture(scope="session")
@@ -189,15 +125,10 @@ def server_address(server_process: tuple[subprocess.Popen[str], str]) -> str:
 
 @pytest.fixture()
 def inproc_server() -> Iterator[tuple[object, str]]:
-    """A server in this process (for tests that look at its blob store); yields (servicer
-    pieces, target)."""
-    from remote_partitioner.server.app import create_server
+    """A server in this process (for tests that look at its blob store); yields (its blob
+    store, target)."""
     from remote_partitioner.server.blobstore import BlobStore
 
     store = BlobStore()
-    server, port = create_server("127.0.0.1:0", blob_store=store)
-    server.start()
-    try:
-        yield store, f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=1).wait(timeout=30)
+    with servers.inproc_server(blob_store=store) as (_, target):
+        yield store, target
