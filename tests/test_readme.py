@@ -11,7 +11,8 @@ point to exists.
   repository (and, into a Markdown file, one of its headings); every repository path they name
   exists; nothing names a file the repository does not hold (DESIGN.md, ../shared); every
   ``make`` target and ``remote-partitioner`` command they name exists, and every option
-  docs/serve.md names is one of ``serve -h``'s.
+  docs/serve.md names is one of ``serve -h``'s. The reason tables of docs/errors.md and
+  docs/protocol.md are ``proto/errors.py``'s.
 """
 
 from __future__ import annotations
@@ -281,3 +282,15 @@ def test_path_check_catches_what_it_should() -> None:
     assert "server/pattern_memo.py" in paths
     assert slug("## 11. Weights stay home: withheld tensors".lstrip("# ")) == (
         "11-weights-stay-home-withheld-tensors")
+
+
+@pytest.mark.parametrize("doc", ["errors.md", "protocol.md"])
+def test_reason_tables_match_the_code(doc: str) -> None:
+    """The reason -> status code tables of docs/errors.md and docs/protocol.md list every reason
+    the service sends, each with the code ``proto/errors.py`` sends it with."""
+    from remote_partitioner.proto.errors import STATUS_CODES
+
+    text = (ROOT / "docs" / doc).read_text()
+    table = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| `([A-Z_]+)` +\| ([A-Z_]+) +\|", text, re.M)}
+    assert table == {reason.value: code.name for reason, code in STATUS_CODES.items()}
