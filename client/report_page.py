@@ -15,6 +15,10 @@ laid out by dagre as far as it is expanded), the CPU nodes grouped by operator w
 they stayed there, and a node's details (operator, shapes, inputs, module stack, stack trace)
 on click.
 
+The page is titled by :func:`report_title`: the model and the partitioners the report names
+(top-level ``model`` and ``partitioners``, which both command lines write), whichever client
+wrote the JSON.
+
 Every string of the report reaches the page as JSON data read by the script and inserted as
 text, never as markup.
 """
@@ -31,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BACKEND_COLOURS", "backend_colour", "render_html", "write_report"]
+__all__ = ["BACKEND_COLOURS", "backend_colour", "render_html", "report_title", "write_report"]
 
 #: The colour of each well-known backend's partitions (and of its legend swatch).
 BACKEND_COLOURS: Mapping[str, str] = {
@@ -91,15 +95,40 @@ def _backends(report: Mapping[str, Any]) -> list[str]:
     return sorted(b for b in seen if b)
 
 
-def render_html(report: Mapping[str, Any], *, title: str) -> str:
+def report_title(report: Mapping[str, Any]) -> str:
+    """The title of ``report``'s page: ``Delegation report: MODEL (P1, P2)``.
+
+    MODEL is the report's top-level ``model`` (the PT2 archive's file name; of a path, its last
+    part), P1, P2 its top-level ``partitioners`` (the hosted partitioners' names, in the order
+    they ran). Without ``partitioners`` the title names the backends the report's methods name
+    (delegated, partitions, nodes) instead; without ``model`` it names no model. It never names
+    the file the report was read from.
+    """
+    model = report.get("model")
+    name = re.split(r"[\\/]", model)[-1] if isinstance(model, str) else ""
+    listed = report.get("partitioners")
+    partitioners = [
+        str(p.get("name", "")) if isinstance(p, Mapping) else str(p)
+        for p in (listed if isinstance(listed, list) else [])
+    ]
+    who = [p for p in partitioners if p] or _backends(report)
+    title = f"Delegation report: {name}" if name else "Delegation report"
+    return f"{title} ({', '.join(who)})" if who else title
+
+
+def render_html(report: Mapping[str, Any], *, title: str | None = None) -> str:
     """The report page for ``report`` (a ``DelegationReport`` as MessageToDict gives it, with
-    proto field names), titled ``title``: one HTML document that fetches nothing.
+    proto field names, and optionally the top-level ``model`` and ``partitioners`` of
+    :func:`report_title`), titled ``title`` (default: :func:`report_title`): one HTML document
+    that fetches nothing.
 
     Raises:
         ValueError: ``report`` has no ``methods`` list.
     """
     if not isinstance(report.get("methods", []), list):
         raise ValueError("the report's 'methods' must be a list")
+    if title is None:
+        title = report_title(report)
     data = {
         "title": title,
         "report": dict(report),
@@ -126,6 +155,6 @@ def render_html(report: Mapping[str, Any], *, title: str) -> str:
     return re.sub(r"\{\{([A-Z]+)\}\}", lambda m: values[m.group(1)], _asset("template.html"))
 
 
-def write_report(path: str | Path, report: Mapping[str, Any], *, title: str) -> None:
+def write_report(path: str | Path, report: Mapping[str, Any], *, title: str | None = None) -> None:
     """Write :func:`render_html` of ``report`` to ``path`` (UTF-8)."""
     Path(path).write_text(render_html(report, title=title), encoding="utf-8")

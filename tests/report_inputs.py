@@ -10,8 +10,9 @@ This is the ONE place the page tests get their input from: :func:`report_for` lo
 with ExecuTorch's ``XnnpackPartitioner`` in this process, records the program the partitioner
 tagged (its real tags, and the reasons it logged through ``WhyNoPartition``) and builds the
 report, without a server (so the llama2 page test needs none, and can skip the minutes of
-XNNPACK preprocess). The server's own report is tested end to end in
-tests/test_report_page.py::test_lower_writes_the_report_page.
+XNNPACK preprocess). :func:`two_partitioner_report` is the report the server's own lowering
+code (``server/lowering.py``, in this process) makes of two partitioners in a row. The server's
+report is tested end to end in tests/test_report_page.py::test_lower_writes_the_report_page.
 """
 
 from __future__ import annotations
@@ -196,6 +197,31 @@ def small_report() -> dict[str, Any]:
     return report_for(SmallModel(), (torch.randn(2, 8),))
 
 
+def two_partitioner_report() -> dict[str, Any]:
+    """The report of :class:`SmallModel` lowered by two partitioners in a row, as the server
+    makes it (``server.lowering.lower``, then the message MessageToDict turns into the wire's
+    JSON): XNNPACK with only its addmm config (it takes the linears, and the relu it fuses),
+    then Vulkan (the softmax): two backends, the input ``x`` feeding a node two modules deep."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from google.protobuf import json_format
+
+    from remote_partitioner.server import lowering
+    from remote_partitioner.server.instance import _report_message
+
+    torch.manual_seed(0)
+    ep = torch.export.export(SmallModel().eval(), (torch.randn(2, 8),), strict=False)
+    methods, _ = lowering.lower(
+        {"forward": ep}, [XnnpackPartitioner(configs=[AddmmConfig]), VulkanPartitioner()],
+        report_only=True,
+    )
+    report: dict[str, Any] = json_format.MessageToDict(
+        _report_message(methods), preserving_proto_field_name=True
+    )
+    return report
+
+
 #: The llama2 example at Llama 2 7B's depth (32 layers) with small widths: its default
 #: configuration has one layer (136 nodes); this one has about 3,800.
 LLAMA2_PARAMS = {"dim": 64, "n_layers": 32, "n_heads": 4, "vocab_size": 256}
@@ -221,11 +247,12 @@ def llama2_report(n_layers: int = LLAMA2_PARAMS["n_layers"]) -> dict[str, Any]:
     return report_for(eager.get_eager_model(), eager.get_example_inputs(), preprocess=False)
 
 
-if __name__ == "__main__":  # python tests/report_inputs.py small|llama2 OUT.json
+if __name__ == "__main__":  # python tests/report_inputs.py small|two|llama2 OUT.json
     import json
     import sys
 
     which, out = sys.argv[1], sys.argv[2]
-    report = small_report() if which == "small" else llama2_report()
+    make = {"small": small_report, "two": two_partitioner_report, "llama2": llama2_report}
+    report = make[which]()
     with open(out, "w") as f:
         json.dump(report, f, indent=1)

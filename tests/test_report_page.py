@@ -1,9 +1,10 @@
 """The delegation report page (client/report_page.py): one self-contained HTML file, checked in a
 real browser. Debian's Chromium, driven headless by playwright-core through
 ``client/node/tools/report-page.mjs``, opens the file:// page; the tests assert on what it
-rendered: the CPU nodes and their reasons, every partition in its backend's colour, no console
-error, no request of any kind. The reports come from real lowerings (tests/report_inputs.py);
-the screenshots are left in the test's tmp dir.
+rendered: the CPU nodes and their reasons, every partition in its backend's colour, the drawing's
+geometry (every label inside its box, no box over a module it is not part of), the title, no
+console error, no request of any kind. The reports come from real lowerings
+(tests/report_inputs.py); the screenshots are left in the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from typing import Any
 
 import pytest
 
-from remote_partitioner.client.report_page import backend_colour, render_html, write_report
+from remote_partitioner.client.report_page import (
+    backend_colour,
+    render_html,
+    report_title,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "client" / "node"
@@ -92,6 +98,61 @@ def assert_colours(seen: dict[str, Any], report: dict[str, Any]) -> None:
         assert bool(n["backend"]) == bool(by_name[n["name"]].get("backend_id")), n
         if n["cpu"]:
             assert n["fill"] not in colours and not by_name[n["name"]].get("backend_id")
+
+
+Box = dict[str, float]
+#: How far (px) a box may reach past another before it counts: rounding of sub-pixel layout.
+SLACK = 0.5
+
+
+def _inside(inner: Box, outer: Box) -> bool:
+    return (inner["left"] >= outer["left"] - SLACK and inner["right"] <= outer["right"] + SLACK
+            and inner["top"] >= outer["top"] - SLACK and inner["bottom"] <= outer["bottom"] + SLACK)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return (min(a["right"], b["right"]) - max(a["left"], b["left"]) > SLACK
+            and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > SLACK)
+
+
+def assert_geometry(seen: dict[str, Any]) -> None:
+    """The drawing as laid out: every module's labels (title, and a collapsed module's summary)
+    inside its box, every node's label inside its box; no node over a module it is not in and
+    no module over another it neither holds nor is held by (a module counts with its title
+    strip and labels); no two nodes over each other."""
+    geometry = seen["geometry"]
+    modules = {(m["graph"], m["path"]): m for m in geometry["modules"]}
+
+    def chain(graph: str, path: str) -> set[str]:
+        """``path`` and the modules holding it."""
+        out = {path}
+        while path:
+            path = modules[(graph, path)]["parent"]
+            out.add(path)
+        return out
+
+    for m in geometry["modules"]:
+        assert m["labels"], m
+        for label in m["labels"]:
+            assert _inside(label["box"], m["box"]), (
+                f"label {label['text']!r} of module {m['path']!r} spills out of its box", m)
+    for i, n in enumerate(geometry["nodes"]):
+        assert _inside(n["label"]["box"], n["box"]), (
+            f"label {n['label']['text']!r} of node {n['name']!r} spills out of its box", n)
+        holders = chain(n["graph"], n["module"])
+        for m in geometry["modules"]:
+            if m["graph"] == n["graph"] and m["path"] not in holders:
+                assert not _overlap(n["box"], m["drawn"]), (
+                    f"node {n['name']!r} lies over module {m['path']!r}", n, m)
+        for other in geometry["nodes"][i + 1:]:
+            if other["graph"] == n["graph"]:
+                assert not _overlap(n["box"], other["box"]), (n, other)
+    for (graph, path), m in modules.items():
+        for (other_graph, other_path), other in modules.items():
+            if other_graph != graph or path in chain(graph, other_path):
+                continue
+            if other_path not in chain(graph, path):
+                assert not _overlap(m["drawn"], other["drawn"]), (m, other)
 
 
 # ----------------------------------------------------------------------------- the file itself
@@ -202,6 +263,26 @@ def test_report_command_turns_json_into_the_page(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no delegation report" in done.stderr
 
 
+def test_the_title_names_the_model_and_the_partitioners() -> None:
+    """The JSON's own ``model`` and ``partitioners`` (both command lines write them); without
+    them, the backends the report names; never anything else."""
+    methods = [{"method": "forward",
+                "delegated": [{"backend_id": "VulkanBackend", "partitions": 1, "nodes": 1}],
+                "partitions": [{"id": "lowered_module_0", "backend_id": "XnnpackBackend"}]}]
+    named = {"model": "small.pt2", "partitioners": ["xnnpack", "vulkan"], "methods": methods}
+    assert report_title(named) == "Delegation report: small.pt2 (xnnpack, vulkan)"
+    assert report_title({**named, "model": "/somewhere/else/small.pt2"}) == report_title(named)
+    assert report_title({"model": "small.pt2", "methods": methods}) == (
+        "Delegation report: small.pt2 (VulkanBackend, XnnpackBackend)")
+    assert report_title({"methods": methods}) == (
+        "Delegation report (VulkanBackend, XnnpackBackend)")
+    assert report_title({"methods": []}) == "Delegation report"
+    page = render_html(named)
+    assert "<title>Delegation report: small.pt2 (xnnpack, vulkan)</title>" in page
+    assert '<h1 id="title">Delegation report: small.pt2 (xnnpack, vulkan)</h1>' in page
+    assert "<title>T</title>" in render_html(named, title="T")
+
+
 # --------------------------------------------------------------------- pages of real lowerings
 
 
@@ -221,6 +302,11 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
     seen = open_page(tmp_path / "small.html", tmp_path / "small.png", reveal=True)
     assert_clean(seen)
     assert_colours(seen, small_report)
+    # Drawn whole (see below): the input, the modules and their nodes, none over another.
+    assert {"encoder", "encoder.0", "encoder.1", "head"} <= {
+        m["path"] for m in seen["geometry"]["modules"]}
+    assert "x" in {n["name"] for n in seen["geometry"]["nodes"] if n["io"]}
+    assert_geometry(seen)
     # Every CPU node is explained on the page: its name, operator and reason, and it is drawn.
     for n in cpu:
         assert n["name"] in seen["text"] and n["op"] in seen["text"] and n["reason"] in seen["text"]
@@ -235,6 +321,29 @@ def test_small_model_page(browser: None, small_report: dict[str, Any], tmp_path:
     assert len(seen["nodes"]) == sum(
         1 for n in method["nodes"] if not re.match(r"^(p|b|c)_", n["name"])
     )
+
+
+@pytest.mark.slow
+def test_two_partitioner_page(browser: None, tmp_path: Path) -> None:
+    """Two partitioners in a row, as the server reports them (tests/report_inputs.py): both
+    backends in their colours, the input ``x`` (it feeds a node two modules deep) over no
+    module, every module's and node's label inside its box."""
+    from report_inputs import two_partitioner_report
+
+    report = two_partitioner_report()
+    method = report["methods"][0]
+    assert {d["backend_id"] for d in method["delegated"]} == {"XnnpackBackend", "VulkanBackend"}
+    write_report(tmp_path / "two.html", report)
+    seen = open_page(tmp_path / "two.html", tmp_path / "two.png")
+    assert_clean(seen)
+    assert_colours(seen, report)
+    assert seen["title"] == seen["heading"] == report_title(report)
+    assert "VulkanBackend" in seen["title"] and "XnnpackBackend" in seen["title"]
+    geometry = seen["geometry"]
+    assert {"encoder", "encoder.0", "encoder.1", "head"} <= {m["path"] for m in geometry["modules"]}
+    x = next(n for n in geometry["nodes"] if n["name"] == "x")
+    assert x["io"] and x["module"] == ""
+    assert_geometry(seen)
 
 
 @pytest.mark.slow
@@ -254,6 +363,7 @@ def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path
     assert_colours(seen, report)
     assert 0 < seen["visible"][0] <= 160, "the first drawing must stay small"
     assert len(seen["clusters"]) >= 8  # the transformer blocks, collapsed
+    assert_geometry(seen)
     # Every CPU node is named on the page (past the first few of an operator and reason, in a
     # folded "N more"), every reason and operator is in plain sight.
     for n in method["nodes"]:
@@ -307,17 +417,24 @@ def test_lower_writes_the_report_page(
     assert shown["report"] == printed
     seen = open_page(page, tmp_path / "lowered.png")
     assert_clean(seen)
+    assert seen["title"] == seen["heading"] == report_title(printed)
+    assert "small.pt2" in seen["title"] and "xnnpack" in seen["title"]
     method = printed["methods"][0]
     for d in method["delegated"]:
         assert re.search(rf"{d['backend_id']}\s+{d['partitions']}\s+{d['nodes']}", seen["text"])
     for op in method["cpu_ops"]:
         assert op["op"] in seen["text"]
-    if method.get("nodes"):  # a server that sends per-node data: the page explains every CPU node
-        assert_colours(seen, printed)
-        for n in method["nodes"]:
-            cpu = n.get("kind") == "call_function" and not n.get("backend_id")
-            if cpu and "getitem" not in n["op"]:
-                assert n["name"] in seen["text"] and n.get("reason") and n["reason"] in seen["text"]
+    # This server sends per-node data (the Lower RPC's nodes): the page draws the graph and
+    # explains every CPU node.
+    assert method.get("nodes") and method.get("partitions"), "the server sent no per-node data"
+    assert_colours(seen, printed)
+    cpu = [n for n in method["nodes"] if n.get("kind") == "call_function"
+           and not n.get("backend_id") and "getitem" not in n["op"]]
+    assert {n["op"] for n in cpu} == {"aten.cumsum.default", "aten.sort.default"}
+    for n in cpu:
+        assert n["name"] in seen["text"] and n.get("reason") and n["reason"] in seen["text"]
+    assert {n["name"] for n in seen["nodes"] if n["cpu"]} == {n["name"] for n in cpu}
+    assert_geometry(seen)
 
     # partition --report: the same report, no .pte.
     done = subprocess.run(
@@ -343,13 +460,21 @@ def test_lower_writes_the_report_page(
         cwd=NODE_DIR, capture_output=True, text=True, timeout=600,
     )
     assert node.returncode == 0, node.stderr[-4000:]
-    # The same report; cpu_nodes is the Python CLI's own summary of nodes, not a wire field.
-    wire = {"methods": [{k: v for k, v in m.items() if k != "cpu_nodes"}
-                        for m in printed["methods"]]}
-    assert json.loads(node_json.read_text()) == wire
+    # The same report's methods (cpu_nodes, a client's own summary of nodes, aside).
+    saved = json.loads(node_json.read_text())
+
+    def wire(r: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if k != "cpu_nodes"} for m in r["methods"]]
+
+    assert wire(saved) == wire(printed)
     done = subprocess.run(
         [sys.executable, "-m", "remote_partitioner.cli", "report", str(node_json), "-o",
          str(tmp_path / "node.html")], capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert_clean(open_page(tmp_path / "node.html", tmp_path / "node.png"))
+    seen = open_page(tmp_path / "node.html", tmp_path / "node.png")
+    assert_clean(seen)
+    # Titled by the model and partitioners whichever client wrote the JSON, never by its file.
+    assert seen["title"] == seen["heading"] == report_title(saved) == report_title(printed)
+    assert node_json.name not in seen["title"]
+    assert_geometry(seen)

@@ -51,6 +51,32 @@
     REJECTION_SOURCE_DERIVED: 'derived by the server: the partitioner gave no reason',
   };
 
+  // The width in px of `text` as the graph draws it (11px, the page's font; `bold` for module
+  // titles), measured on a canvas: boxes are sized to what they hold, whichever fonts the
+  // browser has. Fonts only load once the page is laid out, so widths are measured per render.
+  const textCanvas = document.createElement('canvas').getContext('2d');
+  function textWidth(text, bold = false) {
+    const family = getComputedStyle(document.documentElement).fontFamily || 'sans-serif';
+    textCanvas.font = `${bold ? '600 ' : ''}11px ${family}`;
+    return Math.ceil(textCanvas.measureText(text).width);
+  }
+  // `text` cut (with an ellipsis) to at most `max` px.
+  function fitText(text, max, bold = false) {
+    if (textWidth(text, bold) <= max) return text;
+    let lo = 0;
+    let hi = text.length;
+    while (lo < hi) {
+      const mid = Math.ceil((lo + hi) / 2);
+      if (textWidth(`${text.slice(0, mid)}…`, bold) <= max) lo = mid;
+      else hi = mid - 1;
+    }
+    return `${text.slice(0, lo)}…`;
+  }
+  // Horizontal room around a label inside its box, and the widest a node box grows.
+  const PAD = 8;
+  const NODE_MAX = 220;
+  const HEAD = 18; // the height of an open module's title strip
+
   // ------------------------------------------------------------------------------- legend
 
   function legend() {
@@ -293,27 +319,36 @@
     render() {
       const t0 = performance.now();
       const g = new dagre.graphlib.Graph({ compound: true });
-      g.setGraph({ rankdir: 'TB', nodesep: 14, ranksep: 40, edgesep: 6, marginx: 16, marginy: 16 });
-      g.setDefaultEdgeLabel(() => ({}));
+      g.setGraph({ rankdir: 'TB', nodesep: 14, ranksep: 20, edgesep: 6, marginx: 16, marginy: 16 });
+      g.setDefaultEdgeLabel(() => ({ minlen: 2 }));
+      // Every box is as wide as the text it holds (measured). An open module's title is a node
+      // of its own, 'head', inside the module and above all its contents (see below): dagre
+      // then makes the module at least as wide as its title and lays nothing else over it.
       const addCluster = (c, parentId) => {
         for (const child of c.children) {
           const id = `c:${child.path}`;
+          const type = String(child.type || '').split('.').pop();
           if (child.expanded) {
-            g.setNode(id, { kind: 'open', cluster: child });
+            const title = `▾ ${child.path} · ${type}`;
+            g.setNode(id, { kind: 'open', cluster: child, title });
+            g.setNode(`h:${child.path}`, { kind: 'head', cluster: child,
+              width: textWidth(title, true) + 2 * PAD, height: HEAD });
+            g.setParent(`h:${child.path}`, id);
           } else {
-            const type = String(child.type || '').split('.').pop();
-            const sub = `${type} · ${child.size} nodes · ${child.counts.CPU || 0} on CPU`;
-            const width = Math.max(130, 7.2 * (child.path.length + 2) + 16, 6.2 * sub.length + 16);
-            g.setNode(id, { kind: 'closed', cluster: child, width, height: 46 });
+            const cpu = child.counts.CPU || 0;
+            const title = `▸ ${child.path}`;
+            const sub = `${type} · ${child.size} nodes${cpu ? ` · ${cpu} on CPU` : ''}`;
+            const width = Math.max(130, textWidth(title, true) + 2 * PAD, textWidth(sub) + 2 * PAD);
+            g.setNode(id, { kind: 'closed', cluster: child, title, sub, width, height: 46 });
           }
           if (parentId) g.setParent(id, parentId);
           if (child.expanded) addCluster(child, id);
         }
         for (const n of c.members) {
           if (isWeight(n) && !this.showWeights) continue;
-          const label = n.kind === 'call_function' ? shortOp(n.op) : n.name;
-          const width = Math.min(220, 6.6 * label.length + 18);
-          g.setNode(`n:${n.name}`, { kind: 'node', node: n, label, width, height: 24 });
+          const label = fitText(n.kind === 'call_function' ? shortOp(n.op) : n.name, NODE_MAX - 2 * PAD);
+          g.setNode(`n:${n.name}`, { kind: 'node', node: n, label,
+            width: Math.max(24, textWidth(label) + 2 * PAD), height: 24 });
           if (parentId) g.setParent(`n:${n.name}`, parentId);
         }
       };
@@ -334,19 +369,25 @@
       // would tangle it and cost most of the layout time.
       for (const [a, bs] of targets) {
         if (bs.size > HUB_FANOUT) {
-          g.node(a).hub = bs.size;
-          if (g.node(a).kind === 'node') g.node(a).width += 34;
+          const v = g.node(a);
+          v.hub = bs.size;
+          if (v.kind === 'node') {
+            v.label = fitText(v.label, NODE_MAX - 2 * PAD - textWidth(` ⇉${bs.size}`));
+            v.label = `${v.label} ⇉${bs.size}`;
+            v.width = textWidth(v.label) + 2 * PAD;
+          }
           continue;
         }
         for (const b of bs) g.setEdge(a, b);
       }
+      this.addHeadEdges(g);
       const t1 = performance.now();
       dagre.layout(g);
       const t2 = performance.now();
       this.draw(g);
       const ms = performance.now() - t0;
       this.timing = { model: t1 - t0, layout: t2 - t1, draw: ms - (t2 - t0) };
-      const boxes = g.nodes().filter((id) => g.node(id).kind !== 'open').length;
+      const boxes = g.nodes().filter((id) => ['node', 'closed'].includes(g.node(id).kind)).length;
       this.visible = boxes;
       this.host.dataset.visible = String(boxes);
       this.host.dataset.renders = String(num(this.host.dataset.renders) + 1);
@@ -354,6 +395,43 @@
         `${boxes} boxes drawn of ${this.nodes.size} nodes, laid out in ${ms.toFixed(0)} ms`;
       this.host.dataset.timing = JSON.stringify(this.timing);
       status.renders += 1;
+    }
+
+    // Invisible edges that put each open module's title ('head') above the module's contents
+    // and below whatever feeds the module from outside: from the title to the boxes of the module
+    // that nothing else in it feeds, and from each box outside to the titles of the modules its
+    // edges enter (an input then sits above the module it feeds, not beside it).
+    addHeadEdges(g) {
+      const chain = (v) => {
+        const out = [];
+        for (let p = g.parent(v); p; p = g.parent(p)) out.push(p);
+        return out;
+      };
+      // What stands for a module's direct child `v` as an edge's end: an open module, its title.
+      const entry = (v) => (g.node(v).kind === 'open' ? `h:${g.node(v).cluster.path}` : v);
+      const fed = new Set(); // direct children of a module fed from inside that module
+      const entering = [];
+      for (const e of g.edges()) {
+        const up = chain(e.v);
+        let child = e.w;
+        for (const p of chain(e.w)) {
+          if (up.includes(p) && !(child === e.v || up.includes(child))) fed.add(child);
+          child = p;
+        }
+        for (const p of chain(e.w)) {
+          if (up.includes(p)) break;
+          entering.push([e.v, `h:${g.node(p).cluster.path}`]);
+        }
+      }
+      for (const [v, head] of entering) g.setEdge(v, head, { invisible: true, minlen: 2 });
+      for (const id of g.nodes()) {
+        if (g.node(id).kind !== 'open') continue;
+        const head = `h:${g.node(id).cluster.path}`;
+        for (const child of g.children(id)) {
+          if (child === head || fed.has(child)) continue;
+          g.setEdge(head, entry(child), { invisible: true, minlen: 1 });
+        }
+      }
     }
 
     draw(g) {
@@ -365,6 +443,7 @@
         .sort((a, b) => g.node(a).cluster.depth - g.node(b).cluster.depth);
       for (const id of open) layers[0].append(this.drawOpen(g.node(id)));
       for (const e of g.edges()) {
+        if (g.edge(e).invisible) continue;
         const pts = g.edge(e).points;
         const d = pts.map((p, i) => `${i ? 'L' : 'M'}${p.x.toFixed(1)} ${p.y.toFixed(1)}`).join(' ');
         layers[1].append(svg('path', {
@@ -386,6 +465,7 @@
       const io = !isOperator(n) && !n.backend_id;
       const cls = `g-node${cpu ? ' cpu' : ''}${io ? ' io' : ''}${this.selected === n.name ? ' selected' : ''}`;
       const gEl = svg('g', { class: cls, 'data-node': n.name,
+        'data-module': this.clusterOf.get(n.name).path,
         transform: `translate(${v.x - v.width / 2},${v.y - v.height / 2})` });
       if (n.backend_id) {
         gEl.setAttribute('data-backend', n.backend_id);
@@ -396,8 +476,7 @@
       gEl.append(svg('rect', { width: v.width, height: v.height, rx: io ? 12 : 4, fill }));
       const t = svg('text', { x: v.width / 2, y: v.height / 2 + 4, 'text-anchor': 'middle',
         fill: n.backend_id ? '#ffffff' : cpu ? '#7f1d1d' : '#374151' });
-      const label = v.label.length > 32 ? `${v.label.slice(0, 31)}…` : v.label;
-      t.textContent = v.hub ? `${label} ⇉${v.hub}` : label;
+      t.textContent = v.label;
       if (v.hub) gEl.setAttribute('data-hub', String(v.hub));
       gEl.append(t);
       this.elements.set(n.name, gEl);
@@ -409,19 +488,18 @@
       const cpuCount = c.counts.CPU || 0;
       const gEl = svg('g', {
         class: `g-cluster collapsed${cpuCount ? ' has-cpu' : ''}`, 'data-cluster': c.path,
-        'data-size': String(c.size), transform: `translate(${v.x - v.width / 2},${v.y - v.height / 2})`,
+        'data-parent': c.parent.path, 'data-size': String(c.size), transform: `translate(${v.x - v.width / 2},${v.y - v.height / 2})`,
       });
       gEl.append(svg('rect', { class: 'box', width: v.width, height: v.height, rx: 6 }));
-      const title = svg('text', { class: 'title', x: 8, y: 15 });
-      title.textContent = `▸ ${c.path}`;
-      const type = String(c.type || '').split('.').pop();
-      const sub = svg('text', { class: 'sub', x: 8, y: 29 });
-      sub.textContent = `${type} · ${c.size} nodes${cpuCount ? ` · ${cpuCount} on CPU` : ''}`;
+      const title = svg('text', { class: 'title', x: PAD, y: 15 });
+      title.textContent = v.title;
+      const sub = svg('text', { class: 'sub', x: PAD, y: 29 });
+      sub.textContent = v.sub;
       gEl.append(title, sub);
       // The module's composition: a bar split by backend, CPU hatched red.
       const ops = Object.values(c.counts).reduce((a, b) => a + b, 0);
-      let x = 8;
-      const w = v.width - 16;
+      let x = PAD;
+      const w = v.width - 2 * PAD;
       for (const [who, k] of Object.entries(c.counts).sort()) {
         const part = ops ? (w * k) / ops : 0;
         gEl.append(svg('rect', { x, y: 35, width: Math.max(part, 0), height: 5,
@@ -433,18 +511,16 @@
 
     drawOpen(v) {
       const c = v.cluster;
-      const gEl = svg('g', { class: 'g-cluster', 'data-cluster': c.path, 'data-open': 'true' });
+      const gEl = svg('g', { class: 'g-cluster', 'data-cluster': c.path,
+        'data-parent': c.parent.path, 'data-open': 'true' });
       const x = v.x - v.width / 2;
       const y = v.y - v.height / 2;
       gEl.append(svg('rect', { class: 'box', x, y, width: v.width, height: v.height, rx: 6 }));
-      const type = String(c.type || '').split('.').pop();
-      // The whole name, even where it runs past a narrow module's box: names are what one
+      // The whole name (the module is laid out at least as wide as it): names are what one
       // navigates by.
-      const label = `▾ ${c.path} · ${type}`;
-      gEl.append(svg('rect', { class: 'head', x, y, width: Math.max(v.width, 6.6 * label.length + 12),
-        height: 16, rx: 6 }));
-      const t = svg('text', { class: 'title', x: x + 6, y: y + 12 });
-      t.textContent = label;
+      gEl.append(svg('rect', { class: 'head', x, y, width: v.width, height: HEAD, rx: 6 }));
+      const t = svg('text', { class: 'title', x: x + PAD, y: y + 13 });
+      t.textContent = v.title;
       gEl.append(t);
       return gEl;
     }

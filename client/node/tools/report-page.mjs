@@ -3,7 +3,8 @@
 // headless Chromium through playwright-core, and print what it rendered as JSON on stdout:
 // console errors and page errors, every request the page tried (there must be none), the time
 // until the page said it was ready, the page's text, the drawn nodes with their fill colour,
-// the legend's colours, and (with --expand) what clicking the first collapsed module did.
+// the legend's colours, the drawing's geometry (every module's box and labels, every node's box
+// and label, in page pixels) and (with --expand) what clicking the first collapsed module did.
 //
 //   node tools/report-page.mjs PAGE.html [--screenshot OUT.png] [--expand] [--reveal]
 //                              [--timeout MS]
@@ -65,6 +66,7 @@ try {
   out.wall_ms = Date.now() - started;
   out.render_ms = await page.evaluate(() => window.__report.renderMs);
   out.title = await page.title();
+  out.heading = await page.evaluate(() => document.getElementById('title').textContent);
   out.text = await page.evaluate(() => document.body.innerText);
   // All the text, folded parts included (innerText leaves closed <details> out).
   out.all_text = await page.evaluate(() => document.body.textContent);
@@ -92,6 +94,34 @@ try {
     })),
   }));
   Object.assign(out, await snapshot());
+  // Boxes as {left, top, right, bottom}, page pixels at the graph's current zoom. A node's
+  // `module` and a module's `parent` are module paths ('' is the model itself).
+  out.geometry = await page.evaluate(() => {
+    const box = (e) => {
+      const r = e.getBoundingClientRect();
+      return { left: r.left, top: r.top, right: r.right, bottom: r.bottom };
+    };
+    const graphOf = (g) => g.closest('[data-graph]').dataset.graph;
+    return {
+      modules: [...document.querySelectorAll('[data-cluster]')].map((g) => ({
+        graph: graphOf(g),
+        path: g.dataset.cluster,
+        parent: g.dataset.parent,
+        open: g.hasAttribute('data-open'),
+        box: box(g.querySelector('rect.box')),
+        drawn: box(g), // the box, its title strip and its labels
+        labels: [...g.querySelectorAll('text')].map((t) => ({ text: t.textContent, box: box(t) })),
+      })),
+      nodes: [...document.querySelectorAll('[data-node]')].map((g) => ({
+        graph: graphOf(g),
+        name: g.dataset.node,
+        module: g.dataset.module,
+        io: g.classList.contains('io'),
+        box: box(g.querySelector('rect')),
+        label: { text: g.querySelector('text').textContent, box: box(g.querySelector('text')) },
+      })),
+    };
+  });
   out.legend = await page.evaluate(() => Object.fromEntries(
     [...document.querySelectorAll('[data-legend-backend]')].map((s) => [
       s.dataset.legendBackend, getComputedStyle(s).backgroundColor])));
