@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from executorch.exir.program._fake_program import get_fake_program
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from servers import inproc_server  # (tests/ is on sys.path)
 from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
@@ -26,7 +28,8 @@ from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import SERVICE_NAME, create_server
+from remote_partitioner.server.app import SERVICE_NAME
+from remote_partitioner.server.blobstore import open_blob_store
 from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.settings import Limits
 
@@ -38,19 +41,21 @@ def _edge(width: int = 4) -> ExportedProgram:
 
 
 class Server:
-    """An in-process server with its stub; ``fails`` asserts a status and returns details."""
+    """An in-process server with its stub; ``fails`` asserts a status and returns details.
+    ``server_kwargs`` go to ``create_server``."""
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, **server_kwargs: Any) -> None:
+        self._stack = contextlib.ExitStack()
         # Result cache off: these tests need every hook call to run (and wait its turn).
-        self.server, port = create_server("127.0.0.1:0", limits=limits, result_cache=ResultCache(0))
-        self.server.start()
-        self.target = f"127.0.0.1:{port}"
+        self.server, self.target = self._stack.enter_context(
+            inproc_server(limits=limits, result_cache=ResultCache(0), **server_kwargs)
+        )
         self.channel = grpc.insecure_channel(self.target)
         self.stub = pb_grpc.RemotePartitionerStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
-        self.server.stop(None)
+        self._stack.close()
 
     def upload(self, blobs: dict[str, Any]) -> None:
         requests = [
@@ -63,7 +68,21 @@ class Server:
         with pytest.raises(grpc.RpcError) as e:
             call()
         assert e.value.code() == code, e.value.details()
-        status = rpc_status.from_call(e.value)
+        details = self.details(e.value)
+        info = [d for d in details if isinstance(d, error_details_pb2.ErrorInfo)]
+        assert [i.reason for i in info] == [reason]
+        self.assert_serving()
+        return details
+
+    def reasons(self, error: grpc.RpcError) -> list[str]:
+        """The reasons of the ErrorInfo details of ``error``'s status."""
+        return [d.reason for d in self.details(error)
+                if isinstance(d, error_details_pb2.ErrorInfo)]
+
+    @staticmethod
+    def details(error: grpc.RpcError) -> list[Any]:
+        """The ErrorInfo, BadRequest and RetryInfo details of ``error``'s status."""
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
         assert status is not None
         details: list[Any] = []
         for d in status.details:
@@ -75,9 +94,6 @@ class Server:
                     msg = cls()
                     d.Unpack(msg)
                     details.append(msg)
-        info = [d for d in details if isinstance(d, error_details_pb2.ErrorInfo)]
-        assert [i.reason for i in info] == [reason]
-        self.assert_serving()
         return details
 
     def assert_serving(self) -> None:
@@ -164,17 +180,40 @@ def _with_constant(program: pb.Program, data: bytes) -> pb.Program:
     return out
 
 
-def test_path_like_names_write_no_file(server: Server, tmp_path: Path) -> None:
-    before = set(os.listdir(tmp_path))
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (relative), with a file's bytes (None for a directory)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_path_like_names_write_no_file(tmp_path: Path) -> None:
+    # The server's working directory and its blob directory lie five levels below ``root``,
+    # so that wherever the name "../../../tmp/evil" is resolved from (either of them, or a
+    # blob's fan-out directory), the path lands under ``root``, whose whole tree is compared.
+    root = tmp_path / "root"
+    cwd_dir = root / "a" / "b" / "c" / "d" / "cwd"
+    blob_dir = root / "a" / "b" / "c" / "d" / "blobs"
+    cwd_dir.mkdir(parents=True)
+    evil = Path("/tmp/evil")
+    evil_existed = evil.exists()
+    store = open_blob_store(1 << 30, str(blob_dir))
+    s = Server(blob_store=store)
     cwd = os.getcwd()
-    os.chdir(tmp_path)
+    os.chdir(cwd_dir)
     try:
         encoded = codec.encode_program(_edge())
-        server.upload({**encoded.blobs, "c": b"abc"})
-        _partition(server, _with_constant(encoded.message, b"abc"))
+        s.upload({**encoded.blobs, "c": b"abc"})
+        before = _tree(root)
+        assert any(k.startswith("a/b/c/d/blobs/") for k in before), "the blobs are on disk"
+        _partition(s, _with_constant(encoded.message, b"abc"))
+        after = _tree(root)
     finally:
         os.chdir(cwd)
-    assert set(os.listdir(tmp_path)) == before
+        s.close()
+    assert after == before
+    assert evil.exists() == evil_existed
 
 
 # ------------------------------------------------------------------ limits
@@ -278,9 +317,17 @@ def test_overload_is_refused_with_retry_info_and_the_client_retries() -> None:
             status = rpc_status.from_call(refused)
             assert status is not None
             assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details)
-            # The client waits as RetryInfo says and gets through once the slot frees.
-            remote = RemotePartitioner(s.target, "xnnpack", max_retries=600, timeout=300)
-            remote.partition(_edge())
+            # The client waits as RetryInfo says and gets through once the slot frees. Its
+            # first attempt may find the slot free between two busy calls: bounded, it tries
+            # again while the slot is kept busy, until one call had to wait.
+            retries = 0
+            for _ in range(20):
+                remote = RemotePartitioner(s.target, "xnnpack", max_retries=600, timeout=300)
+                remote.partition(_edge())
+                retries += remote.stats["overloaded_retries"]
+                if retries or done.is_set():
+                    break
+            assert retries >= 1, "no call was refused and retried by the client"
         finally:
             thread.join(timeout=300)
         assert len(results) == 3
@@ -288,9 +335,58 @@ def test_overload_is_refused_with_retry_info_and_the_client_retries() -> None:
         s.close()
 
 
+#: Metadata key: the seconds :class:`_ServerSeesLess` leaves a call.
+_SERVER_SECONDS = "x-test-server-seconds"
+
+
+class _ServerSeesLess(grpc.aio.ServerInterceptor):
+    """A Partition call that sends :data:`_SERVER_SECONDS` reaches the servicer with its
+    deadline that many seconds away, however long the client allows (as for a call that spent
+    the rest of its time in transit); other calls pass unchanged.
+
+    A server's deadline is the client's plus the transit, so a client sees its own deadline
+    pass first: to see the status the server itself sends, the server's deadline must come
+    first; everything else (the wait for the turn, the refusal, its status) is the server's."""
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(details)
+        seconds = dict(details.invocation_metadata or ()).get(_SERVER_SECONDS)
+        if handler is None or seconds is None or not details.method.endswith("/Partition"):
+            return handler
+        inner = handler.unary_unary
+
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await inner(request, _SoonerContext(context, float(seconds)))
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _SoonerContext:
+    """A servicer context whose ``time_remaining`` ends ``seconds`` from now."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, seconds: float) -> None:
+        self._context = context
+        self._deadline = time.monotonic() + seconds
+
+    def time_remaining(self) -> float:
+        return max(self._deadline - time.monotonic(), 0.0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 @pytest.mark.slow  # waits for a slow partition to end (> 5 s)
 def test_deadline_passed_while_waiting() -> None:
-    s = Server()
+    # While a slow partition holds the one hook slot, a call whose deadline (as the server
+    # sees it) passes while it waits for its turn is refused by the server: DEADLINE_EXCEEDED,
+    # reason DEADLINE_PASSED, long before the client's own 120 s deadline.
+    s = Server(interceptors=[_ServerSeesLess()])
     try:
         slow = codec.encode_program(_slow_program())
         s.upload(slow.blobs)
@@ -317,6 +413,22 @@ def test_deadline_passed_while_waiting() -> None:
                     codes.append(e.code())
             assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
             assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}
+            refused: list[list[Any]] = []
+            answered = 0
+            deadline = time.monotonic() + 120
+            while not refused and time.monotonic() < deadline:
+                try:
+                    s.stub.Partition(
+                        pb.PartitionRequest(partitioner=pb.PartitionerRef(name="xnnpack"),
+                                            program=small.message),
+                        timeout=120, metadata=((_SERVER_SECONDS, "1"),),
+                    )
+                    answered += 1  # it found the slot free between two slow calls
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.details()
+                    assert "while the call waited for its turn" in e.details(), e.details()
+                    refused.append(s.reasons(e))
+            assert refused == [["DEADLINE_PASSED"]], (refused, answered)
         finally:
             stop.set()
             thread.join(timeout=300)
