@@ -14,6 +14,11 @@ payload replaced, members dropped or added). The properties, for every call:
   ``ErrorInfo`` (domain ``remote-partitioner``) whose reason the RPC documents, with the status
   code the README's table gives that reason; so never UNKNOWN, and INTERNAL only with
   ``UNREPRESENTABLE_RESULT``;
+* a hook call ends with the reason of the request's first fault, in the server's order: the
+  partitioner or its spec, the program's declared sizes, then the program as the codec
+  rebuilds it from the blobs the server holds (its error's reason); only a program that
+  decodes reaches the partitioner, so only then (or when its constructor refuses the spec) is
+  ``PARTITIONER_RAISED`` an answer;
 * afterwards the server still answers ``ListPartitioners`` and health reports SERVING.
 
 The codec is fuzzed directly too: ``decode_program`` raises nothing but ``codec.CodecError``, and
@@ -41,7 +46,6 @@ import itertools
 import json
 import math
 import pickle
-import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -61,15 +65,18 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import note as _hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
+from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.client.channel import DEFAULT_CHANNEL_OPTIONS
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.codec import decode
-from remote_partitioner.proto.errors import DOMAIN, STATUS_CODES, Reason
+from remote_partitioner.proto.errors import DOMAIN, STATUS_CODES, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import SERVICE_NAME, Server, create_server
+from remote_partitioner.server import value_reads
+from remote_partitioner.server.app import SERVICE_NAME
 from remote_partitioner.server.blobstore import BlobStore
+from remote_partitioner.server.instance import PartitionerInstance
 
 RPC_TIMEOUT = 30.0
 Code = grpc.StatusCode
@@ -197,9 +204,11 @@ class Outcome:
 class Harness:
     """A channel to the module's in-process server, its blob store, and the property checks."""
 
-    def __init__(self, store: BlobStore, target: str) -> None:
+    def __init__(self, store: BlobStore, target: str, instance: PartitionerInstance) -> None:
         self.store = store
         self.target = target
+        #: The server's logic (to build a partitioner as the server does, for the checks).
+        self.instance = instance
         # The project client's channel options (1 MiB of metadata: room for the error trailers
         # that carry long messages; test_error_trailers_fit_a_default_client is about the rest).
         self.channel = grpc.insecure_channel(target, options=DEFAULT_CHANNEL_OPTIONS)
@@ -266,25 +275,17 @@ class Harness:
         return data is not None and len(data) == d.size_bytes
 
 
-def stop_bounded(server: Server, seconds: float = 30) -> None:
-    """Stop ``server``, waiting at most ``seconds``: the test run must not hang on it."""
-    if not server.stop(None).wait(seconds):
-        warnings.warn(f"the in-process server did not stop within {seconds} s", stacklevel=2)
-
-
 @pytest.fixture(scope="module")
 def harness() -> Iterator[Harness]:
     store = BlobStore()
-    server, port = create_server("127.0.0.1:0", blob_store=store)
-    server.start()
-    h = Harness(store, f"127.0.0.1:{port}")
-    try:
-        h.assert_serving()
-        h.upload(KNOWN_BLOBS)
-        yield h
-    finally:
-        h.close()
-        stop_bounded(server)
+    with inproc_server(blob_store=store) as (server, target):
+        h = Harness(store, target, server.servicer.instance)
+        try:
+            h.assert_serving()
+            h.upload(KNOWN_BLOBS)
+            yield h
+        finally:
+            h.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,12 +758,62 @@ def check_hook_response(harness: Harness, rpc: str, response: Any, program: pb.P
                 assert harness.held(d), d
 
 
+#: The reason the server gives a program the codec cannot rebuild, by the codec's error.
+DECODE_REASONS: dict[type[codec.CodecError], str] = {
+    codec.BlobMissing: "BLOB_MISSING",
+    codec.FingerprintMismatch: "FINGERPRINT_MISMATCH",
+    codec.BlobSizeMismatch: "SIZE_MISMATCH",
+    codec.ProgramDecodeError: "INVALID_PROGRAM",
+}
+#: What a program that decodes may get: the hook's own outcome (None: OK).
+HOOK_OUTCOMES = frozenset({None, "PARTITIONER_RAISED", "UNREPRESENTABLE_RESULT"})
+
+
+def decoded_as(harness: Harness, program: pb.Program) -> str | None:
+    """None if ``program`` decodes from the blobs the server holds; else the reason the server
+    must give it (by the codec's error)."""
+    def get(d: pb.Digest) -> bytes:
+        data = harness.store.get(d.hash)
+        if data is None:
+            raise codec.BlobMissing(d)
+        return bytes(data)
+
+    withheld = value_reads.Withheld() if codec.has_withheld(program) else None
+    try:
+        codec.decode_program(program, get, withheld=withheld)
+    except codec.CodecError as e:
+        return next(r for cls, r in DECODE_REASONS.items() if isinstance(e, cls))
+    return None
+
+
+def check_hook_outcome(harness: Harness, request: Any, outcome: Outcome) -> None:
+    """The call ended as the request's first fault says, in the server's order: the
+    partitioner (unknown, a bad spec, or its constructor refusing the spec:
+    PARTITIONER_RAISED), the program's declared sizes (LIMIT_EXCEEDED), then the program
+    itself (the codec's error's reason); only a program that decodes reaches the hook, whose
+    outcome is OK, PARTITIONER_RAISED (the partitioner raised) or UNREPRESENTABLE_RESULT."""
+    try:
+        harness.instance.partitioner(request.partitioner)
+    except ServiceError as e:
+        assert outcome.reason == e.reason.value, (outcome, e.message)
+        return
+    assert outcome.reason not in ("UNKNOWN_PARTITIONER", "INVALID_SPEC"), outcome
+    if outcome.reason == "LIMIT_EXCEEDED":
+        return  # a declared size (the status's BadRequest names it)
+    expected = decoded_as(harness, request.program)
+    if expected is None:
+        assert outcome.reason in HOOK_OUTCOMES, outcome
+    else:
+        assert outcome.reason == expected, (outcome, expected)
+
+
 def run_hook(harness: Harness, rpc: str, request: Any) -> Outcome:
     outcome = harness.call(rpc, request)
     with contextlib.suppress(InvalidArgument):
         event(f"{rpc}: {outcome.reason or 'OK'}")
     if outcome.ok:
         check_hook_response(harness, rpc, outcome.response, request.program)
+    check_hook_outcome(harness, request, outcome)
     harness.assert_serving()
     return outcome
 
