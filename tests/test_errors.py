@@ -24,6 +24,7 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from servers import inproc_server  # (tests/ is on sys.path)
 from torch.export import ExportedProgram
 
 from remote_partitioner.client import (
@@ -48,7 +49,7 @@ from remote_partitioner.proto.errors import (
 )
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import SERVICE_NAME, create_server
+from remote_partitioner.server.app import SERVICE_NAME
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.registry import HostedPartitioner, Registry, SpecKey
 
@@ -1036,15 +1037,13 @@ RAISER = HostedPartitioner(
 @pytest.fixture(scope="module")
 def raiser() -> Iterator[Conn]:
     """An in-process server hosting only the raising test partitioner."""
-    server, port = create_server("127.0.0.1:0", registry=Registry([RAISER]))
-    server.start()
-    c = Conn(f"127.0.0.1:{port}")
-    try:
-        c.assert_serving()
-        yield c
-    finally:
-        c.close()
-        server.stop(None)
+    with inproc_server(registry=Registry([RAISER])) as (_, target):
+        c = Conn(target)
+        try:
+            c.assert_serving()
+            yield c
+        finally:
+            c.close()
 
 
 def _remote(raiser: Conn, fail: str, **spec: str) -> RemotePartitioner:

@@ -22,11 +22,12 @@ import torch
 from executorch.exir import to_edge
 from executorch.exir.program._fake_program import get_fake_program
 from prometheus_client.parser import text_string_to_metric_families
+from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import Server, create_server
+from remote_partitioner.server.app import Server
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.observability import (
     ACCESS_LOGGER,
@@ -116,23 +117,19 @@ def served(registry: Registry) -> Iterator[Served]:
     """The service in this process with observability, and its metrics endpoint."""
     store = BlobStore()
     metrics = Metrics(store)
-    server, port = create_server(
-        "127.0.0.1:0", registry=registry, blob_store=store,
-        interceptors=[ObservabilityInterceptor(metrics)],
-    )
-    assert server.servicer is not None
-    metrics.bind_server(server.servicer.streams)
-    server.start()
-    metrics_port = metrics.serve(0)
-    target = f"127.0.0.1:{port}"
-    channel = grpc.insecure_channel(target)
-    try:
-        yield Served(target, metrics_port, store, metrics, channel,
-                     pb_grpc.RemotePartitionerStub(channel))
-    finally:
-        channel.close()
-        metrics.stop()
-        server.stop(None)
+    with inproc_server(
+        registry=registry, blob_store=store, interceptors=[ObservabilityInterceptor(metrics)],
+    ) as (server, target):
+        assert server.servicer is not None
+        metrics.bind_server(server.servicer.streams)
+        metrics_port = metrics.serve(0)
+        channel = grpc.insecure_channel(target)
+        try:
+            yield Served(target, metrics_port, store, metrics, channel,
+                         pb_grpc.RemotePartitionerStub(channel))
+        finally:
+            channel.close()
+            metrics.stop()
 
 
 # --- the service's metrics ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from certs import Certs, make_certs
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.client import RemotePartitioner, RemotePartitionerError
 from remote_partitioner.client.credentials import (
@@ -27,7 +28,6 @@ from remote_partitioner.client.credentials import (
 from remote_partitioner.proto.errors import DOMAIN
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import create_server
 from remote_partitioner.server.auth import (
     OPEN_METHODS,
     BearerTokenInterceptor,
@@ -68,15 +68,10 @@ def _serve(
     credentials: grpc.ServerCredentials | None = None,
 ) -> Iterator[int]:
     interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
-    server, port = create_server(
-        "127.0.0.1:0", registry=registry, io_threads=4,
-        interceptors=interceptors, credentials=credentials,
-    )
-    server.start()
-    try:
-        yield port
-    finally:
-        server.stop(None)
+    with inproc_server(
+        registry=registry, io_threads=4, interceptors=interceptors, credentials=credentials,
+    ) as (_, target):
+        yield int(target.rsplit(":", 1)[1])
 
 
 @pytest.fixture(scope="module")
