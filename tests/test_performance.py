@@ -13,6 +13,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from servers import inproc_server  # (tests/ is on sys.path)
 from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
@@ -45,15 +46,9 @@ def _pte(ep: ExportedProgram, partitioner: Any) -> bytes:
 
 @pytest.fixture()
 def cached_server() -> Iterator[tuple[ResultCache, str]]:
-    from remote_partitioner.server.app import create_server
-
     results = ResultCache()
-    server, port = create_server("127.0.0.1:0", result_cache=results)
-    server.start()
-    try:
-        yield results, f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=1).wait(timeout=30)
+    with inproc_server(result_cache=results) as (_, target):
+        yield results, target
 
 
 @pytest.mark.slow
