@@ -140,7 +140,7 @@ class Failure {
 }
 
 function parse(argv, options) {
-  if (argv.includes('--report')) {
+  if (argv.some((a) => a === '--report' || a.startsWith('--report='))) {
     throw usage('--report (the HTML page) is the Python CLI\'s: write --report-json REPORT.json ' +
       'and run `remote-partitioner report REPORT.json -o REPORT.html`');
   }
