@@ -65,6 +65,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from remote_partitioner.proto.transport import SERVICE_NAME as _SERVICE
 from remote_partitioner.server.blobstore import Blobs
+from remote_partitioner.server.handlers import rewrap
 
 #: The metadata key carrying a call's request id, both ways.
 REQUEST_ID_KEY = "x-request-id"
@@ -545,20 +546,9 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         rpc, hook = _rpc_label(handler_call_details.method)  # type: ignore[attr-defined]
-        kinds: list[tuple[Any, Callable[..., Any], bool]] = [
-            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, False),
-            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, False),
-            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, True),
-            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, True),
-        ]
-        for behavior, make, streaming_in in kinds:
-            if behavior is not None:
-                return make(  # type: ignore[no-any-return]
-                    self._wrap(rpc, hook, behavior, streaming_in),
-                    request_deserializer=handler.request_deserializer,
-                    response_serializer=handler.response_serializer,
-                )
-        return handler
+        return rewrap(handler, lambda behavior, streaming_in: self._wrap(
+            rpc, hook, behavior, streaming_in
+        ))
 
     def partitioner_label(self, name: str) -> str:
         """The ``partitioner`` label for a requested partitioner name."""
