@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _serve, plugin_distribution
+from conftest import plugin_distribution
+from servers import serve_process  # (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "client" / "node"
@@ -65,7 +66,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with (
         plugin_distribution(root, "rp_raising_plugin", _RAISING_PLUGIN,
                             "xnnpack_raises = rp_raising_plugin:PLUGIN"),
-        _serve(tmp_path_factory) as (_, address),
+        serve_process(tmp_path_factory.mktemp("server") / "server.log") as (_, address, _),
     ):
         yield address
 
