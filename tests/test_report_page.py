@@ -379,6 +379,7 @@ def test_llama2_page_opens_collapsed_and_navigates(browser: None, tmp_path: Path
     assert not opened["still_collapsed"]
     assert opened["visible_after"][0] > opened["visible_before"][0]
     assert opened["onscreen_after"] > 0, "the opened module's nodes are on screen"
+    assert_geometry({"geometry": opened["geometry"]})
     assert "operator" in opened["details"] and "module stack" in opened["details"]
 
 

@@ -51,14 +51,20 @@
     REJECTION_SOURCE_DERIVED: 'derived by the server: the partitioner gave no reason',
   };
 
-  // The width in px of `text` as the graph draws it (11px, the page's font; `bold` for module
-  // titles), measured on a canvas: boxes are sized to what they hold, whichever fonts the
-  // browser has. Fonts only load once the page is laid out, so widths are measured per render.
+  // The width in px of `text` as the graph draws it (11px in the page's font, 600 for module
+  // titles: .graph text and .g-cluster text.title in report.css), measured on a canvas: boxes
+  // are sized to what they hold, whichever fonts the browser has (the page loads none).
   const textCanvas = document.createElement('canvas').getContext('2d');
+  const textWidths = new Map();
+  let textFamily = null;
   function textWidth(text, bold = false) {
-    const family = getComputedStyle(document.documentElement).fontFamily || 'sans-serif';
-    textCanvas.font = `${bold ? '600 ' : ''}11px ${family}`;
-    return Math.ceil(textCanvas.measureText(text).width);
+    const key = `${bold ? 'b' : 'r'}${text}`;
+    if (!textWidths.has(key)) {
+      textFamily = textFamily || getComputedStyle(document.documentElement).fontFamily || 'sans-serif';
+      textCanvas.font = `${bold ? '600 ' : ''}11px ${textFamily}`;
+      textWidths.set(key, Math.ceil(textCanvas.measureText(text).width));
+    }
+    return textWidths.get(key);
   }
   // `text` cut (with an ellipsis) to at most `max` px.
   function fitText(text, max, bold = false) {
@@ -319,7 +325,7 @@
     render() {
       const t0 = performance.now();
       const g = new dagre.graphlib.Graph({ compound: true });
-      g.setGraph({ rankdir: 'TB', nodesep: 14, ranksep: 20, edgesep: 6, marginx: 16, marginy: 16 });
+      g.setGraph({ rankdir: 'TB', nodesep: 14, ranksep: 14, edgesep: 6, marginx: 16, marginy: 16 });
       g.setDefaultEdgeLabel(() => ({ minlen: 2 }));
       // Every box is as wide as the text it holds (measured). An open module's title is a node
       // of its own, 'head', inside the module and above all its contents (see below): dagre
@@ -441,7 +447,7 @@
       this.elements = new Map();
       const open = g.nodes().filter((id) => g.node(id).kind === 'open')
         .sort((a, b) => g.node(a).cluster.depth - g.node(b).cluster.depth);
-      for (const id of open) layers[0].append(this.drawOpen(g.node(id)));
+      for (const id of open) layers[0].append(this.drawOpen(g.node(id), g.node(`h:${g.node(id).cluster.path}`)));
       for (const e of g.edges()) {
         if (g.edge(e).invisible) continue;
         const pts = g.edge(e).points;
@@ -509,13 +515,16 @@
       return gEl;
     }
 
-    drawOpen(v) {
+    // An open module `v`: its box from its title (`head`, the topmost thing in it: the rank
+    // dagre keeps above it holds nothing of the module) down.
+    drawOpen(v, head) {
       const c = v.cluster;
       const gEl = svg('g', { class: 'g-cluster', 'data-cluster': c.path,
         'data-parent': c.parent.path, 'data-open': 'true' });
       const x = v.x - v.width / 2;
-      const y = v.y - v.height / 2;
-      gEl.append(svg('rect', { class: 'box', x, y, width: v.width, height: v.height, rx: 6 }));
+      const y = head.y - head.height / 2;
+      const height = v.y + v.height / 2 - y;
+      gEl.append(svg('rect', { class: 'box', x, y, width: v.width, height, rx: 6 }));
       // The whole name (the module is laid out at least as wide as it): names are what one
       // navigates by.
       gEl.append(svg('rect', { class: 'head', x, y, width: v.width, height: HEAD, rx: 6 }));

@@ -4,7 +4,8 @@
 // console errors and page errors, every request the page tried (there must be none), the time
 // until the page said it was ready, the page's text, the drawn nodes with their fill colour,
 // the legend's colours, the drawing's geometry (every module's box and labels, every node's box
-// and label, in page pixels) and (with --expand) what clicking the first collapsed module did.
+// and label, in page pixels) and (with --expand) what clicking the first collapsed module did
+// (with the geometry after it).
 //
 //   node tools/report-page.mjs PAGE.html [--screenshot OUT.png] [--expand] [--reveal]
 //                              [--timeout MS]
@@ -96,7 +97,7 @@ try {
   Object.assign(out, await snapshot());
   // Boxes as {left, top, right, bottom}, page pixels at the graph's current zoom. A node's
   // `module` and a module's `parent` are module paths ('' is the model itself).
-  out.geometry = await page.evaluate(() => {
+  const geometry = () => page.evaluate(() => {
     const box = (e) => {
       const r = e.getBoundingClientRect();
       return { left: r.left, top: r.top, right: r.right, bottom: r.bottom };
@@ -122,6 +123,7 @@ try {
       })),
     };
   });
+  out.geometry = await geometry();
   out.legend = await page.evaluate(() => Object.fromEntries(
     [...document.querySelectorAll('[data-legend-backend]')].map((s) => [
       s.dataset.legendBackend, getComputedStyle(s).backgroundColor])));
@@ -143,6 +145,7 @@ try {
       nodes_after: after.nodes.length,
       onscreen_after: after.nodes.filter((n) => n.onscreen).length,
       still_collapsed: after.clusters.map((c) => c.path).includes(target.path),
+      geometry: await geometry(),
     };
     // Click a drawn node of the module just opened: its details must show.
     const shown = after.nodes.filter((n) => n.onscreen);
