@@ -39,7 +39,7 @@ from google.protobuf.message import Message
 
 from remote_partitioner.client import report
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
-from remote_partitioner.client.errors import RemotePartitionerError
+from remote_partitioner.client.errors import RemotePartitionerError, RemoteTraceback
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
 from remote_partitioner.client.report_page import write_report
 from remote_partitioner.proto import errors
@@ -573,6 +573,9 @@ def _failure(e: BaseException, args: argparse.Namespace) -> CommandFailed:
     if isinstance(e, UsageError):
         return CommandFailed(str(e), kind="usage", exit_code=EXIT_USAGE)
     if not isinstance(e, RemotePartitionerError):
+        if not isinstance(e.__cause__, RemoteTraceback):  # this client's own failure
+            return CommandFailed(f"{type(e).__name__}: {e}", kind="client",
+                                 exit_code=EXIT_SERVER)
         # A built-in exception the hosted partitioner raised, rebuilt here.
         text = str(e.args[0]) if e.args else ""
         raised = f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -124,3 +124,30 @@ def test_a_usage_error_with_json_is_json_on_stderr(capsys: pytest.CaptureFixture
     error = json.loads(captured.err)["error"]
     assert (error["exit_code"], error["kind"]) == (2, "usage")
     assert "--no-such-option" in error["message"]
+
+
+def test_failures_are_named_by_who_failed() -> None:
+    """A rebuilt exception of the hosted partitioner is the partitioner's; any other exception
+    is this client's own (a disk full while writing the .pte is not the partitioner's)."""
+    import argparse
+
+    import grpc
+
+    from remote_partitioner.client.errors import RemotePartitionerError, remote_exception
+
+    args = argparse.Namespace(target="127.0.0.1:9", timeout="0.5")
+    raised = client_cli._failure(remote_exception("ValueError", "boom", "tb"), args)
+    assert (raised.kind, str(raised)) == ("partitioner", "the partitioner raised ValueError: boom")
+    bare = client_cli._failure(remote_exception("KeyError", "", "tb", True), args)
+    assert str(bare) == "the partitioner raised KeyError"
+    local = client_cli._failure(OSError(28, "No space left on device"), args)
+    assert (local.kind, local.exit_code) == ("client", 1)
+    assert "partitioner" not in str(local)
+    down = client_cli._failure(RemotePartitionerError(
+        "UNAVAILABLE: connection refused", grpc.StatusCode.UNAVAILABLE), args)
+    assert (down.kind, down.exit_code, down.detail) == ("unreachable", 3, "connection refused")
+    assert "remote-partitioner serve --address 127.0.0.1:9" in str(down)
+    late = client_cli._failure(RemotePartitionerError(
+        "DEADLINE_EXCEEDED: Deadline Exceeded", grpc.StatusCode.DEADLINE_EXCEEDED), args)
+    assert (late.kind, late.exit_code) == ("deadline", 1)
+    assert "no answer within the --timeout of 0.5 s" in str(late)
