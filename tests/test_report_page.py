@@ -254,6 +254,15 @@ def test_report_command_turns_json_into_the_page(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.html").read_text() == render_html(HOSTILE, title="T")
+    # Without --title: the report's own title (it names no model: its backend), not the file's.
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "r.json"),
+         "-o", str(tmp_path / "r.html")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").read_text() == render_html(HOSTILE)
+    assert "<title>Delegation report (XnnpackBackend)</title>" in render_html(HOSTILE)
     (tmp_path / "bad.json").write_text('{"not": "a report"}')
     done = subprocess.run(
         [sys.executable, "-m", "remote_partitioner.cli", "report", str(tmp_path / "bad.json"),
