@@ -13,11 +13,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -28,12 +25,13 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import plugin_distribution, wait_serving  # (tests/ is on sys.path, as for certs.py)
+from conftest import plugin_distribution  # (tests/ is on sys.path, as for certs.py)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge
 from executorch.exir.backend.partitioner import PartitionResult
 from executorch.exir.program._fake_program import get_fake_program
 from models import small_models
+from servers import launch, served
 from torch.export import ExportedProgram
 
 from remote_partitioner.client import RemotePartitioner
@@ -156,27 +154,17 @@ def graceful_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
     plugin_root = tmp_path / "plugin"
     plugin_root.mkdir()
     with plugin_distribution(plugin_root, "rp_held_plugin", _HELD_PLUGIN,
-                             "xnnpack_held = rp_held_plugin:PLUGIN"), log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "remote_partitioner.cli", "serve",
-             "--address", "127.0.0.1:0", "--grace", str(GRACE_S),
-             "--result-cache-bytes", "0"],  # the call in flight must really run
-            stdout=subprocess.PIPE, stderr=log, text=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore", "RP_TEST_HOLD_DIR": str(hold)},
+                             "xnnpack_held = rp_held_plugin:PLUGIN"):
+        launched = launch(
+            log_path, "--grace", str(GRACE_S),
+            "--result-cache-bytes", "0",  # the call in flight must really run
+            env={"RP_TEST_HOLD_DIR": str(hold)},
         )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r" on (127\.0\.0\.1:\d+)$", line.strip())
-        assert match is not None, f"server did not start: {line!r}\n{log_path.read_text()[-4000:]}"
-        target = match.group(1)
-        wait_serving(target, time.monotonic() + STARTUP_S)
-        yield proc, target, log_path, hold
-    finally:
-        (hold / "release").touch()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=60)
+    with served(launched, startup_seconds=STARTUP_S) as (proc, target, _):
+        try:
+            yield proc, target, log_path, hold
+        finally:
+            (hold / "release").touch()  # before the shutdown: nothing stays held
 
 
 # --------------------------------------------------------------------------------------------
