@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from conftest import STARTUP_SECONDS, wait_serving  # (tests/ is on sys.path)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from servers import serve_process  # (tests/ is on sys.path)
 from torch.export import export
 
 from remote_partitioner.client import RemotePartitioner
@@ -44,19 +43,10 @@ def _wait(predicate: object, seconds: float) -> bool:
 @pytest.mark.timeout(600)
 def test_two_workers_share_one_port_and_blob_dir(tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_partitioner.cli", "serve", "--address",
-         "127.0.0.1:0", "--workers", "2", "--blob-dir", str(blobs), "--grace", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        match = re.search(r"with 2 workers on (127\.0\.0\.1:\d+)$", line)
-        assert match, line
-        target = match.group(1)
-        wait_serving(target, time.monotonic() + STARTUP_SECONDS)
+    with serve_process(
+        tmp_path / "server.log", "--workers", "2", "--blob-dir", str(blobs), "--grace", "5",
+        pattern=r"with 2 workers on (127\.0\.0\.1:\d+)$",
+    ) as (proc, target, _):
         workers = _children(proc.pid)
         assert len(workers) == 2
 
@@ -93,10 +83,6 @@ def test_two_workers_share_one_port_and_blob_dir(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError), open_channel(target) as channel:
             pb_grpc.RemotePartitionerStub(channel).ListPartitioners(
                 pb.ListPartitionersRequest(), timeout=5)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(60)
 
 
 def test_workers_refuse_what_one_server_refuses() -> None:
