@@ -219,17 +219,12 @@ def test_unreadable_inputs_exit_2(node_client: Path, archive: Path, tmp_path: Pa
 @pytest.fixture(scope="module")
 def token_server() -> Iterator[str]:
     """An in-process server that admits only `authorization: Bearer node-s3cret`."""
-    from remote_partitioner.server.app import create_server
+    from servers import inproc_server  # (tests/ is on sys.path)
+
     from remote_partitioner.server.auth import BearerTokenInterceptor
 
-    server, port = create_server(
-        "127.0.0.1:0", interceptors=[BearerTokenInterceptor(["node-s3cret"])]
-    )
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(None)
+    with inproc_server(interceptors=[BearerTokenInterceptor(["node-s3cret"])]) as (_, target):
+        yield target
 
 
 def test_bearer_token(node_client: Path, token_server: str, tmp_path: Path) -> None:
