@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.server.app import BindError, Server, create_server
 from remote_partitioner.server.cli import EXIT_CANNOT_LISTEN
@@ -33,12 +34,8 @@ def serving(target: str) -> bool:
 @pytest.fixture()
 def first() -> Iterator[tuple[Server, str]]:
     """A server holding a free loopback port, started."""
-    server, port = create_server("127.0.0.1:0")
-    server.start()
-    try:
-        yield server, f"127.0.0.1:{port}"
-    finally:
-        server.stop(None).wait(30)
+    with inproc_server() as served:
+        yield served
 
 
 def serve(tmp_path: Path, *args: str) -> tuple[int, str, str]:

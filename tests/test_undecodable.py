@@ -21,12 +21,12 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_status import rpc_status
+from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.errors import DOMAIN
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
-from remote_partitioner.server.app import create_server
 from remote_partitioner.server.blobstore import BlobStore
 from remote_partitioner.server.observability import (
     ACCESS_LOGGER,
@@ -94,16 +94,10 @@ class Served:
 def served() -> Iterator[Served]:
     store = BlobStore()
     metrics = Metrics(store)
-    server, port = create_server(
-        "127.0.0.1:0", blob_store=store, interceptors=[ObservabilityInterceptor(metrics)]
-    )
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with inproc_server(
+        blob_store=store, interceptors=[ObservabilityInterceptor(metrics)]
+    ) as (_, target), grpc.insecure_channel(target) as channel:
         yield Served(channel, metrics, store)
-    finally:
-        channel.close()
-        server.stop(None).wait(30)
 
 
 def call_raw(
