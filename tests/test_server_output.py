@@ -190,6 +190,10 @@ def logging_restored() -> Iterator[None]:
     names = [*KNOWN_NOISE, "py.warnings", ACCESS_LOGGER]
     saved = (list(root.handlers), root.level,
              {n: (list(logging.getLogger(n).filters), logging.getLogger(n).level) for n in names})
+    # Another test of this process may have called configure_logging, whose
+    # captureWarnings(True) a later one would then skip (logging keeps its own record of it),
+    # while pytest put warnings.showwarning back after that test: start uncaptured.
+    logging.captureWarnings(False)
     showwarning = warnings.showwarning
     try:
         yield
