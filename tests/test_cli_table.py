@@ -35,10 +35,14 @@ NODE_DIR = ROOT / "client" / "node"
 NODE = shutil.which("node")
 CALL_SECONDS = 300
 
-pytestmark = pytest.mark.skipif(
-    NODE is None or not (NODE_DIR / "node_modules").is_dir(),
-    reason="node and client/node's dependencies (make node-client) are needed",
-)
+pytestmark = [
+    # 66 command-line runs (about a minute on two idle cores): `make test`, not test-fast.
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        NODE is None or not (NODE_DIR / "node_modules").is_dir(),
+        reason="node and client/node's dependencies (make node-client) are needed",
+    ),
+]
 
 _RAISING_PLUGIN = '''
 """XNNPACK's partitioner, except that partition() raises."""

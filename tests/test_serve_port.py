@@ -79,6 +79,7 @@ def test_servers_that_share_the_port_both_bind() -> None:
         a.stop(None).wait(30)
 
 
+@pytest.mark.slow  # a `serve` process imports torch and ExecuTorch before it binds
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_serve_refuses_an_address_in_use(
     first: tuple[Server, str], workers: str, tmp_path: Path
