@@ -8,8 +8,10 @@ read-only root file system (readOnlyRootFilesystem) with the ``emptyDir`` volume
 ``defaultMode``, group fsGroup), capabilities dropped, no-new-privileges
 (allowPrivilegeEscalation: false), the memory limit and the CPU limit (capped at this machine's
 CPUs: Docker refuses more), the env, and ``--stop-timeout`` = terminationGracePeriodSeconds.
-Every containerPort is published on 127.0.0.1 only (a free port Docker picks): traffic goes to
-loopback addresses only. Docker has no preStop hook; the Deployment's ``sleep 5`` is not run.
+Every containerPort (and each ``--workers`` worker's metrics port, ``--metrics-port`` + i, which
+the manifest does not declare) is published on 127.0.0.1 only (a free port Docker picks):
+traffic goes to loopback addresses only. The image is the one built (``RP_IMAGE``), not the
+manifest's registry reference. Docker has no preStop hook; the Deployment's ``sleep 5`` is not run.
 
 Checks: the image's HEALTHCHECK (its own interval, timeout and start period) turns healthy and
 grpc.health.v1 answers SERVING; ``remote-partitioner list`` from the host lists the built-in
