@@ -1,6 +1,7 @@
 // Unit tests of the parts that need no server: `node --test client/node/test` (or `npm test`).
 
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
@@ -11,6 +12,7 @@ import { checkArchive, zipEntries } from '../lib/archive.js';
 import {
   ClientError, cpuNodes, digestOf, parseSpec, parseSpecValue, reportToJson, serviceConstructor,
 } from '../lib/client.js';
+import { BACKEND_COLOURS, backendColour, renderHtml, reportTitle } from '../lib/report-page.js';
 import { describeError } from '../lib/status.js';
 
 test('spec values: bool, int, float, string', () => {
@@ -182,4 +184,63 @@ test('checkArchive: a PT2 archive passes; not a zip, truncated, damaged or no ar
   refused(zipOf(['a/b']), 'no archive_format entry');
   // The directory intact, the start of the file gone: no entry where the directory says.
   refused(good.subarray(40), 'is damaged');
+});
+
+test('reportTitle: the model and the partitioners, else the backends, never a file name', () => {
+  const methods = [{
+    delegated: [{ backend_id: 'XnnpackBackend' }],
+    partitions: [{ backend_id: 'VulkanBackend' }],
+    nodes: [{ backend_id: 'AcmeBackend' }, { backend_id: '' }, { name: 'x' }],
+  }];
+  assert.equal(reportTitle({ model: 'dir/sub\\model.pt2', partitioners: ['xnnpack', 'vulkan'], methods }),
+    'Delegation report: model.pt2 (xnnpack, vulkan)');
+  // Partitioners as objects (by name); empty names left out.
+  assert.equal(reportTitle({ model: 'm.pt2', partitioners: [{ name: 'xnnpack' }, ''], methods: [] }),
+    'Delegation report: m.pt2 (xnnpack)');
+  // No partitioners: the backends the methods name, sorted.
+  assert.equal(reportTitle({ model: 'm.pt2', methods }),
+    'Delegation report: m.pt2 (AcmeBackend, VulkanBackend, XnnpackBackend)');
+  assert.equal(reportTitle({ partitioners: [], methods }),
+    'Delegation report (AcmeBackend, VulkanBackend, XnnpackBackend)');
+  assert.equal(reportTitle({ model: 42, methods: [] }), 'Delegation report');
+  assert.equal(reportTitle({ methods: [] }), 'Delegation report');
+});
+
+test('backendColour: fixed for the known backends, a stable palette pick for the others', () => {
+  assert.equal(backendColour('XnnpackBackend'), '#2f7ed8');
+  assert.equal(backendColour('VulkanBackend'), BACKEND_COLOURS.VulkanBackend);
+  const other = backendColour('AcmeBackend');
+  assert.match(other, /^#[0-9a-f]{6}$/);
+  assert.equal(backendColour('AcmeBackend'), other);
+  assert.ok(!Object.values(BACKEND_COLOURS).includes(other));
+  assert.equal(backendColour('toString'), backendColour('toString')); // not Object.prototype's
+  assert.match(backendColour('toString'), /^#[0-9a-f]{6}$/);
+});
+
+test('renderHtml: the CSP allows exactly the inlined scripts, by hash; data cannot close its script', () => {
+  const evil = '</script><script>alert(1)</script> & {{TITLE}}';
+  const report = {
+    model: 'm.pt2', partitioners: ['xnnpack'],
+    methods: [{ method: 'forward', total_nodes: 2, nodes: [{ name: evil, backend_id: 'AcmeBackend' }] }],
+  };
+  const page = renderHtml(report);
+  const csp = page.match(/<meta http-equiv="Content-Security-Policy" content="([^"]*)">/)[1];
+  assert.ok(csp.startsWith('default-src &#x27;none&#x27;; '), csp);
+  const allowed = [...csp.matchAll(/&#x27;(sha256-[A-Za-z0-9+/=]+)&#x27;/g)].map((m) => m[1]);
+  const scripts = [...page.matchAll(/<script>([\s\S]*?)<\/script>/g)].map((m) => m[1]);
+  assert.equal(scripts.length, 2);
+  assert.deepEqual(allowed, scripts.map((s) => `sha256-${createHash('sha256').update(s).digest('base64')}`));
+  assert.ok(!scripts[0].includes('sourceMappingURL'));
+  // The title, escaped; the report's strings only inside the JSON data, which parses back.
+  assert.ok(page.includes('<title>Delegation report: m.pt2 (xnnpack)</title>'));
+  assert.equal(page.split('</script>').length - 1, 3);
+  const data = JSON.parse(page.match(/<script type="application\/json" id="report-data">(.*?)<\/script>/s)[1]);
+  assert.deepEqual(data, {
+    title: 'Delegation report: m.pt2 (xnnpack)', report,
+    colours: { AcmeBackend: backendColour('AcmeBackend') },
+  });
+  // An explicit title, even an empty one, replaces the report's.
+  assert.ok(renderHtml(report, { title: '<T> "q"' }).includes('<title>&lt;T&gt; &quot;q&quot;</title>'));
+  assert.ok(renderHtml(report, { title: '' }).includes('<title></title>'));
+  assert.throws(() => renderHtml({ methods: {} }), TypeError);
 });
