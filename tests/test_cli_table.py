@@ -2,8 +2,9 @@
 and the Node.js CLI (``client/node/bin/remote-partitioner.js``) run on the same cases against
 one real server, and must agree on the exit code, stdout (text byte for byte, ``--json`` as
 parsed JSON) and stderr (the ``remote-partitioner ...: error: ...`` lines; with ``--json`` the
-error object, gRPC's own words in ``detail`` aside). Each case also states what the answer must
-say, so that two equally wrong answers fail too. docs/cli.md is the command line's reference.
+error object, gRPC's own words in ``detail`` aside), and the files they write (``.pte``, report
+JSON, the HTML report page: byte for byte). Each case also states what the answer must say, so
+that two equally wrong answers fail too. docs/cli.md is the command line's reference.
 
 The server is this module's own process (``serve`` on 127.0.0.1:0) with one plugin partitioner
 added, ``xnnpack_raises``, whose ``partition()`` raises, for the "the partitioner raised" case.
@@ -36,7 +37,7 @@ NODE = shutil.which("node")
 CALL_SECONDS = 300
 
 pytestmark = [
-    # 66 command-line runs (about a minute on two idle cores): `make test`, not test-fast.
+    # About 110 command-line runs (minutes on two idle cores): `make test`, not test-fast.
     pytest.mark.slow,
     pytest.mark.skipif(
         NODE is None or not (NODE_DIR / "node_modules").is_dir(),
@@ -86,7 +87,10 @@ def dead_target() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The input files of the cases: ``model.pt2`` (Linear, ReLU, then a cumsum XNNPACK
-    leaves on the CPU), a truncated copy, a text file, a zip file that is no PT2 archive."""
+    leaves on the CPU), a truncated copy, a text file, a zip file that is no PT2 archive;
+    ``saved.json``, a report whose strings need escaping in the page (markup, quotes, control
+    and non-ASCII characters) and whose backends include ones without a fixed colour, and
+    ``list.json``, JSON that is no report."""
     import torch
 
     class Model(torch.nn.Module):
@@ -106,6 +110,32 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "notes.pt2").write_text("not an archive\n")
     with zipfile.ZipFile(root / "other.pt2", "w") as z:
         z.writestr("other/data.txt", "a zip file, but no PT2 archive")
+    tricky = "</script><b>&amp; 'q' \"qq\" \u2028\x7f\x01\n\t\\ é 😀 {{TITLE}}"
+    saved = {
+        "model": "dir/model.pt2", "partitioners": ["xnnpack", "acme"],
+        "methods": [{
+            "method": "forward", "total_nodes": 3,
+            "delegated": [{"backend_id": "XnnpackBackend", "partitions": 1, "nodes": 1},
+                          {"backend_id": "AcmeBackend", "partitions": 1, "nodes": 1}],
+            "cpu_ops": [{"op": "aten.cumsum.default", "count": 1}],
+            "nodes": [
+                {"name": "x", "op": "", "kind": "placeholder", "shapes": "[2, 8]"},
+                {"name": "linear", "op": "aten.linear.default", "kind": "call_function",
+                 "inputs": ["x"], "backend_id": "XnnpackBackend", "partition": "0",
+                 "module_stack": [{"path": "fc", "type": "torch.nn.Linear"}]},
+                {"name": tricky, "op": "aten.relu.default", "kind": "call_function",
+                 "inputs": ["linear"], "backend_id": "AcmeBackend", "partition": "1"},
+                {"name": "cumsum", "op": "aten.cumsum.default", "kind": "call_function",
+                 "inputs": [tricky], "reason": tricky, "reason_source": "REJECTION_SOURCE_DERIVED"},
+            ],
+            "partitions": [{"id": "0", "backend_id": "XnnpackBackend", "nodes": 1},
+                           {"id": "1", "backend_id": "ZetaBackend", "nodes": 1}],
+            "cpu_nodes": [{"name": "cumsum", "op": "aten.cumsum.default", "reason": tricky}],
+        }],
+    }
+    (root / "saved.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False),
+                                     encoding="utf-8")
+    (root / "list.json").write_text("[1, 2]\n")
     return root
 
 
@@ -179,6 +209,43 @@ CASES = [
          '"message": "-o dir is a directory; give a file path"'),
     Case("report-json-dir-missing", ("partition", "model.pt2", *P, "--report-json",
                                      "nowhere/r.json"), 2, "--report-json nowhere/r.json: "),
+    Case("partition-report", ("partition", "model.pt2", *P, "--report", "page.html"), 0,
+         "wrote page.html (open it in a browser)\n", files=("page.html",)),
+    Case("lower-report-and-json", ("lower", "model.pt2", "-o", "out.pte", "--partitioner",
+                                   "xnnpack", "--partitioner", "vulkan", "--report",
+                                   "dir/page.html", "--report-json", "dir/r.json"), 0,
+         "wrote dir/page.html (open it in a browser)\nwrote dir/r.json\n",
+         files=("out.pte", "dir/page.html", "dir/r.json")),
+    Case("lower-report-json-output", ("lower", "model.pt2", "--report-only", *P, "--report",
+                                      "page.html", "--json"), 0, '"model": "model.pt2"',
+         files=("page.html",)),
+    Case("report-dir-missing", ("partition", "model.pt2", *P, "--report", "nowhere/p.html"), 2,
+         "--report nowhere/p.html: the directory nowhere does not exist"),
+    Case("report-is-dir", ("lower", "model.pt2", "-o", "out.pte", *P, "--report", "dir"), 2,
+         "--report dir is a directory; give a file path"),
+    Case("report", ("report", "saved.json", "-o", "page.html"), 0, "wrote page.html\n",
+         files=("page.html",)),
+    Case("report-title", ("report", "saved.json", "-o", "dir/page.html", "--title",
+                          "<My> model & 'its' \"page\""), 0, "wrote dir/page.html\n",
+         files=("dir/page.html",)),
+    Case("report-empty-title", ("report", "-o", "page.html", "--title=", "saved.json"), 0,
+         "wrote page.html\n", files=("page.html",)),
+    Case("report-needs-args", ("report",), 2,
+         "the following arguments are required: REPORT.json, -o/--output"),
+    Case("report-needs-output", ("report", "saved.json"), 2,
+         "the following arguments are required: -o/--output"),
+    Case("report-output-no-value", ("report", "saved.json", "-o"), 2,
+         "argument -o/--output: expected one argument"),
+    Case("report-extra", ("report", "saved.json", "-o", "page.html", "more.json"), 2,
+         "remote-partitioner: error: unrecognized arguments: more.json"),
+    Case("report-json-refused", ("report", "saved.json", "-o", "page.html", "--json"), 2,
+         '"message": "unrecognized arguments: --json"'),
+    Case("report-missing-json", ("report", "missing.json", "-o", "page.html"), 2,
+         "cannot read missing.json: [Errno 2] No such file or directory: 'missing.json'"),
+    Case("report-not-a-report", ("report", "list.json", "-o", "page.html"), 2,
+         "list.json holds no delegation report (no 'methods' list)"),
+    Case("report-output-dir-missing", ("report", "saved.json", "-o", "nowhere/page.html"), 2,
+         "-o nowhere/page.html: the directory nowhere does not exist"),
     Case("bad-request-id", ("list", "--request-id", "a b"), 2, "--request-id wants 1 to 64"),
     Case("request-id", ("list", "--request-id", "table-1", "--json"), 0, '"api": "v1"'),
     Case("timeout", ("list", "--timeout", "0.000001"), 1,
@@ -221,7 +288,7 @@ def _json_error(stderr: str) -> dict[str, Any]:
 def test_both_clis_agree(case: Case, target: str, dead_target: str, inputs: Path,
                          tmp_path: Path) -> None:
     args = [a.replace("{dead}", dead_target) for a in case.args]
-    if "--target" not in args:
+    if "--target" not in args and args[0] != "report":  # report: no server
         args += ["--target", target]
     says = case.says.replace("{dead}", dead_target)
     runs: dict[str, Path] = {}
@@ -259,32 +326,47 @@ def test_both_clis_agree(case: Case, target: str, dead_target: str, inputs: Path
     for file in case.files:
         written = (runs["python"] / file).read_bytes()
         assert written and written == (runs["node"] / file).read_bytes(), file
+    if case.exit_code != 0:
+        for cwd in runs.values():  # nothing written when refused
+            assert not (cwd / "page.html").exists()
 
 
 def test_report_reads_either_clients_report_json(target: str, inputs: Path,
                                                  tmp_path: Path) -> None:
-    """``report`` turns the JSON either CLI wrote (--report-json, or --json's output) into a
-    page titled with the model and partitioners."""
-    saved = {}
+    """``report``, of either CLI, turns the JSON either CLI wrote (--report-json, or --json's
+    output) into a page titled with the model and partitioners: the same bytes in all eight
+    combinations, and the same as the page --report wrote during the call."""
+    saved, pages = {}, {}
     for name, cmd in _commands().items():
         out = tmp_path / f"{name}.json"
+        during = tmp_path / f"{name}-during.html"
         done = _run([*cmd, "partition", str(inputs / "model.pt2"), *P, "--target", target,
-                     "--report-json", str(out)], tmp_path)
+                     "--report-json", str(out), "--report", str(during)], tmp_path)
         assert done.returncode == 0, done.stderr
         saved[name] = json.loads(out.read_text())
+        pages[f"{name} --report"] = during.read_bytes()
         printed = _run([*cmd, "partition", str(inputs / "model.pt2"), *P, "--target", target,
                         "--json"], tmp_path)
         assert json.loads(printed.stdout) == saved[name]
-        page = tmp_path / f"{name}.html"
-        done = _run([*_commands()["python"], "report", str(out), "-o", str(page)], tmp_path)
-        assert done.returncode == 0, done.stderr
-        assert "Delegation report: model.pt2 (xnnpack)" in page.read_text()
+        (tmp_path / f"{name}-printed.json").write_text(printed.stdout)
+    for writer in _commands():
+        for source in (f"{writer}.json", f"{writer}-printed.json"):
+            for reader, cmd in _commands().items():
+                page = tmp_path / f"{reader}-of-{source}.html"
+                done = _run([*cmd, "report", str(tmp_path / source), "-o", str(page)], tmp_path)
+                assert (done.returncode, done.stdout) == (0, f"wrote {page}\n"), done.stderr
+                pages[f"{reader} report {source}"] = page.read_bytes()
     assert saved["python"] == saved["node"]
     assert saved["python"]["model"] == "model.pt2"
     assert saved["python"]["partitioners"] == ["xnnpack"]
     [method] = saved["python"]["methods"]
     assert isinstance(method["total_nodes"], int)
     assert [c["op"] for c in method["cpu_nodes"]] == ["aten.cumsum.default"]
+    first = pages["python report python.json"]
+    assert "<title>Delegation report: model.pt2 (xnnpack)</title>" in first.decode()
+    assert '"XnnpackBackend":"#2f7ed8"' in first.decode()
+    assert len(pages) == 10
+    assert {k: v == first for k, v in pages.items()} == {k: True for k in pages}
 
 
 def test_a_closed_stdout_ends_quietly(target: str) -> None:

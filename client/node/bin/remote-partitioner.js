@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 // remote-partitioner (Node.js): the client commands of the Python `remote-partitioner` command
-// line (list, partition, lower), with the same options, defaults, spec syntax, text output,
-// --json schema and exit codes; its reference is docs/cli.md at the repository's root. Not here:
-// `serve` (the server is Python), `report` and `--report` (the HTML page is made by the Python
-// CLI: write --report-json, then `remote-partitioner report REPORT.json -o REPORT.html`).
+// line (list, partition, lower, report), with the same options, defaults, spec syntax, text
+// output, --json schema and exit codes; its reference is docs/cli.md at the repository's root.
+// Not here: `serve` (the server is Python). The HTML page (`report`, `--report`) is
+// lib/report-page.js's, the same bytes as the Python CLI's.
 //
 // Exit codes: 0 ok; 1 the server refused, the partitioner raised, no answer within --timeout, or
 // a local failure after the upload began; 2 usage error (found before anything is uploaded);
@@ -11,6 +11,7 @@
 
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
+import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
@@ -25,12 +26,13 @@ import {
   readToken,
   reportToJson,
 } from '../lib/client.js';
+import { writeReport } from '../lib/report-page.js';
 import { DOMAIN } from '../lib/status.js';
 
 /** Where `serve` listens by default, and so where the commands call unless --target says. */
 export const DEFAULT_TARGET = '127.0.0.1:50051';
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
-const COMMANDS = ['list', 'partition', 'lower'];
+const COMMANDS = ['list', 'partition', 'lower', 'report'];
 
 const COMMON_HELP = `common options:
   --target TARGET         the server: any gRPC target (host:port, dns:///name:port, ...)
@@ -58,17 +60,22 @@ const MODEL_HELP = `  MODEL.pt2               a PT2 archive written by torch.exp
                           EdgeCompileConfig(_check_ir_validity=False)); for programs the
                           check refuses wrongly`;
 
-const HELP = {
-  main: `usage: remote-partitioner [-h] [--version] {list,partition,lower} ...
+const REPORT_HELP = `  --report REPORT.html    also write the delegation report as one self-contained HTML page
+  --report-json REPORT.json
+                          also write the delegation report as JSON (what \`report\` reads)`;
 
-The Node.js client of remote-partitioner: list, partition, lower. The command line's
-reference: docs/cli.md (the server, \`serve\`, and the HTML report, \`report\`, are the Python
+const HELP = {
+  main: `usage: remote-partitioner [-h] [--version] {list,partition,lower,report} ...
+
+The Node.js client of remote-partitioner: list, partition, lower; report turns a saved report
+into its page. The command line's reference: docs/cli.md (the server, \`serve\`, is the Python
 CLI's).
 
 commands:
   list                    list the hosted partitioners and the server's versions
   partition               report what the partitioners would delegate in a .pt2 archive
   lower                   lower a .pt2 archive into a .pte on the server
+  report                  turn a delegation report's JSON into its HTML page, offline
 
 options:
   -h, --help              this text
@@ -85,8 +92,7 @@ ${COMMON_HELP}`,
 Report what the partitioners would delegate in a .pt2 archive.
 
 ${MODEL_HELP}
-  --report-json REPORT.json
-                          also write the delegation report as JSON (what \`report\` reads)
+${REPORT_HELP}
 
 ${COMMON_HELP}`,
   lower: `usage: remote-partitioner lower MODEL.pt2 -o OUT.pte --partitioner NAME [--spec KEY=VALUE ...]
@@ -97,10 +103,20 @@ Lower a .pt2 archive into a .pte on the server.
 ${MODEL_HELP}
   -o, --output OUT.pte    where to write the .pte (required unless --report-only)
   --report-only           only the delegation report, no .pte (the same as \`partition\`)
-  --report-json REPORT.json
-                          also write the delegation report as JSON (what \`report\` reads)
+${REPORT_HELP}
 
 ${COMMON_HELP}`,
+  report: `usage: remote-partitioner report [-h] -o REPORT.html [--title TITLE] REPORT.json
+
+Turn a delegation report's JSON (--report-json, or the --json output of partition or lower, of
+either client) into its self-contained HTML page. No server is involved.
+
+  REPORT.json             the JSON that --report-json wrote or --json printed
+  -o, --output REPORT.html
+                          where to write the page (required)
+  --title TITLE           the page's title (default: 'Delegation report: MODEL
+                          (PARTITIONERS)' from the report's own model and partitioners)
+  -h, --help              this text`,
 };
 
 const COMMON = {
@@ -121,6 +137,7 @@ const PARTITION = {
   partitioner: { type: 'string', multiple: true },
   spec: { type: 'string', multiple: true },
   'skip-ir-validity-check': { type: 'boolean' },
+  report: { type: 'string' },
   'report-json': { type: 'string' },
 };
 
@@ -132,6 +149,14 @@ const LOWER = {
 
 const usage = (message) => new ClientError(message, 2);
 
+/** A usage error argparse's top-level parser reports (`remote-partitioner: error: ...`). */
+function unrecognized(args) {
+  const error = usage(`unrecognized arguments: ${args.join(' ')}`);
+  error.fromParser = true;
+  error.topLevel = true;
+  return error;
+}
+
 /** A failure as the command line reports it (the --json error object's fields). */
 class Failure {
   constructor(message, { kind, exitCode, code = null, reason = null, detail = null }) {
@@ -140,10 +165,6 @@ class Failure {
 }
 
 function parse(argv, options) {
-  if (argv.some((a) => a === '--report' || a.startsWith('--report='))) {
-    throw usage('--report (the HTML page) is the Python CLI\'s: write --report-json REPORT.json ' +
-      'and run `remote-partitioner report REPORT.json -o REPORT.html`');
-  }
   try {
     return parseArgs({ args: argv, options, allowPositionals: true, strict: true, tokens: true });
   } catch (e) {
@@ -231,7 +252,7 @@ async function list(argv) {
   const { values, positionals } = parse(argv, COMMON);
   if (values.help) return help('list');
   if (positionals.length > 0) {
-    throw usage(`unrecognized arguments: ${positionals.join(' ')}`);
+    throw unrecognized(positionals);
   }
   const client = connect(values);
   let listing;
@@ -354,13 +375,14 @@ async function partitionOrLower(command, argv) {
   const { values, positionals, tokens } = parse(argv, command === 'lower' ? LOWER : PARTITION);
   if (values.help) return help(command);
   if (positionals.length === 0) throw usage('the following arguments are required: MODEL.pt2');
-  if (positionals.length > 1) throw usage(`unrecognized arguments: ${positionals.slice(1).join(' ')}`);
+  if (positionals.length > 1) throw unrecognized(positionals.slice(1));
   const reportOnly = command === 'partition' || Boolean(values['report-only']);
   const partitioners = partitionerRefs(tokens);
   if (!reportOnly) {
     if (!values.output) throw usage('-o OUT.pte is required (or --report-only)');
     checkWritable(values.output, '-o');
   }
+  if (values.report) checkWritable(values.report, '--report');
   if (values['report-json']) checkWritable(values['report-json'], '--report-json');
   const [model] = positionals;
   let archive;
@@ -389,6 +411,7 @@ async function partitionOrLower(command, argv) {
   };
   const output = answer.pte
     ? { path: values.output, bytes: answer.pte.size_bytes, sha256: answer.pte.hash } : null;
+  if (values.report) writeReport(values.report, saved);
   if (values['report-json']) {
     fs.writeFileSync(values['report-json'], `${JSON.stringify(saved, null, 2)}\n`);
   }
@@ -398,7 +421,116 @@ async function partitionOrLower(command, argv) {
   }
   reportLines(saved).forEach((line) => print(line));
   if (output) print(`wrote ${output.path} (${plural(output.bytes, 'byte')}, sha256 ${output.sha256})`);
+  if (values.report) print(`wrote ${values.report} (open it in a browser)`);
   if (values['report-json']) print(`wrote ${values['report-json']}`);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------- report
+
+const REPORT_OPTIONS = { '-o': 'output', '--output': 'output', '--title': 'title' };
+const ARGPARSE_NAMES = { output: '-o/--output', title: '--title' };
+
+/** `report`'s arguments as argparse reads them: {help, file, output, title, extra}. */
+export function reportArgs(argv) {
+  const args = { help: false, file: undefined, output: undefined, title: undefined, extra: [] };
+  const positional = (a) => {
+    if (args.file === undefined) args.file = a;
+    else args.extra.push(a);
+  };
+  for (let i = 0; i < argv.length; i += 1) {
+    const a = argv[i];
+    if (a === '--') {
+      argv.slice(i + 1).forEach(positional);
+      break;
+    }
+    if (a === '-h' || a === '--help') {
+      args.help = true;
+      continue;
+    }
+    const [name, inline] = a.startsWith('--') ? a.split(/=(.*)/s) : [a.slice(0, 2), a.slice(2)];
+    const dest = REPORT_OPTIONS[name];
+    if (dest !== undefined) {
+      let value = inline === '' && !a.startsWith('--') ? undefined : inline;
+      if (value === undefined) {
+        const next = argv[i + 1];
+        if (next === undefined || (next.startsWith('-') && !/^-\d+$|^-\d*\.\d+$/.test(next))) {
+          const error = usage(`argument ${ARGPARSE_NAMES[dest]}: expected one argument`);
+          error.fromParser = true;
+          throw error;
+        }
+        value = next;
+        i += 1;
+      }
+      args[dest] = value;
+    } else if (a.startsWith('-') && a !== '-') {
+      args.extra.push(a);
+    } else {
+      positional(a);
+    }
+  }
+  return args;
+}
+
+/** Python's repr() of a file name, as its OSError messages quote it. */
+function pyRepr(text) {
+  const quote = text.includes("'") && !text.includes('"') ? '"' : "'";
+  const body = [...text].map((c) => {
+    if (c === '\\' || c === quote) return `\\${c}`;
+    const special = { '\n': '\\n', '\r': '\\r', '\t': '\\t' }[c];
+    if (special) return special;
+    const code = c.codePointAt(0);
+    return code < 0x20 || code === 0x7f ? `\\x${code.toString(16).padStart(2, '0')}` : c;
+  }).join('');
+  return `${quote}${body}${quote}`;
+}
+
+/** The report JSON at `file`, refused as the Python CLI refuses it (usage errors). */
+function readReportJson(file) {
+  let text;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(fs.readFileSync(file));
+  } catch (e) {
+    if (e.code) {
+      const errno = os.constants.errno[e.code];
+      const words = STRERROR[e.code];
+      if (errno !== undefined && words !== undefined) {
+        throw usage(`cannot read ${file}: [Errno ${errno}] ${words}: ${pyRepr(file)}`);
+      }
+    }
+    throw usage(`cannot read ${file}: ${e.message}`);
+  }
+  let saved;
+  try {
+    saved = JSON.parse(text);
+  } catch (e) {
+    throw usage(`cannot read ${file}: ${e.message}`);
+  }
+  const isObject = typeof saved === 'object' && saved !== null && !Array.isArray(saved);
+  if (!isObject || !Array.isArray(Object.hasOwn(saved, 'methods') ? saved.methods : undefined)) {
+    throw usage(`${file} holds no delegation report (no 'methods' list)`);
+  }
+  return saved;
+}
+
+/** `report`: the HTML page of a report saved as JSON; no server involved. */
+function report(argv) {
+  const args = reportArgs(argv);
+  if (args.help) return help('report');
+  const missing = [
+    ...(args.file === undefined ? ['REPORT.json'] : []),
+    ...(args.output === undefined ? ['-o/--output'] : []),
+  ];
+  if (missing.length > 0) {
+    const error = usage(`the following arguments are required: ${missing.join(', ')}`);
+    error.fromParser = true;
+    throw error;
+  }
+  if (args.extra.length > 0) throw unrecognized(args.extra);
+  checkWritable(args.output, '-o');
+  const saved = readReportJson(args.file);
+  writeReport(args.output, saved, { title: args.title }); // undefined: the report's own title
+  print(`wrote ${args.output}`);
   return 0;
 }
 
@@ -485,6 +617,8 @@ async function main(argv) {
       case 'partition':
       case 'lower':
         return await partitionOrLower(command, rest);
+      case 'report':
+        return report(rest);
       case '-h':
       case '--help':
       case 'help':
@@ -492,19 +626,20 @@ async function main(argv) {
       case '--version':
         return version();
       case undefined:
-        throw usage('the following arguments are required: command (list, partition, lower)');
+        throw usage('the following arguments are required: command (list, partition, lower, ' +
+          'report)');
       default:
         throw usage(`invalid choice: ${JSON.stringify(command)} (choose from list, partition, ` +
-          'lower; serve and report are the Python CLI\'s)');
+          'lower, report; serve is the Python CLI\'s)');
     }
   } catch (e) {
     const f = failure(e, values);
     const known = COMMANDS.includes(command) ? command : '';
     if (!json && (e.fromParser || !known) && f.kind === 'usage') {
-      process.stderr.write(`usage: remote-partitioner ${known || '{list,partition,lower}'} ... ` +
-        `(remote-partitioner ${known ? `${known} ` : ''}--help)\n`);
+      process.stderr.write(`usage: remote-partitioner ${known || '{list,partition,lower,report}'} ` +
+        `... (remote-partitioner ${known ? `${known} ` : ''}--help)\n`);
     }
-    printError(known, f, json);
+    printError(e.topLevel ? '' : known, f, json);
     return f.exitCode;
   }
 }
