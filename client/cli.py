@@ -1,9 +1,9 @@
 """Client commands of the ``remote-partitioner`` command line: ``list``, ``partition``, ``lower``,
 and ``report`` (a delegation report's JSON -> its HTML page, offline).
 
-The Node.js client (``client/node``) implements the same command line (``report`` and
-``--report`` excepted); ``docs/cli.md`` is its reference: options, defaults, spec syntax, exit
-codes and the ``--json`` schema.
+The Node.js client (``client/node``) implements the same command line, ``report`` and
+``--report`` included (the same page bytes); ``docs/cli.md`` is its reference: options,
+defaults, spec syntax, exit codes and the ``--json`` schema.
 
 Exit codes: 0 success; 1 the server answered with an error, the partitioner raised, or no
 answer came within ``--timeout``; 2 usage error (bad arguments, unreadable or invalid input
