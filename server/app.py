@@ -88,7 +88,8 @@ class Server:
         created on its loop) and binds its port; return the port.
 
         Raises:
-            RuntimeError: ``build`` failed or bound no port (the loop is stopped).
+            BindError: ``build`` raised it, or bound no port (the loop is stopped).
+            RuntimeError: ``build`` failed otherwise (the loop is stopped).
         """
         async def adopt() -> int:
             self._server, port = await build()
@@ -96,12 +97,15 @@ class Server:
 
         try:
             port = self.run(adopt())
+        except BindError:
+            self.stop(None).wait(_LOOP_TIMEOUT)
+            raise
         except Exception as e:
             self.stop(None).wait(_LOOP_TIMEOUT)
             raise RuntimeError(f"cannot start the server: {e}") from e
         if port == 0:
             self.stop(None).wait(_LOOP_TIMEOUT)
-            raise RuntimeError("cannot bind the server's address")
+            raise BindError("cannot bind the server's address")
         return port
 
     def start(self) -> None:
@@ -180,6 +184,7 @@ def create_server(
 
     Raises:
         BindError: the address cannot be bound (a ``RuntimeError``).
+        RuntimeError: the server could not be built otherwise.
     """
     instance = PartitionerInstance(
         registry if registry is not None else default_registry(),
@@ -204,10 +209,13 @@ def create_server(
         reflection.enable_server_reflection(
             (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        if credentials is not None:
-            port = server.add_secure_port(address, credentials)
-        else:
-            port = server.add_insecure_port(address)
+        try:
+            if credentials is not None:
+                port = server.add_secure_port(address, credentials)
+            else:
+                port = server.add_insecure_port(address)
+        except RuntimeError as e:  # grpcio's "Failed to bind to address ..."
+            raise BindError(str(e)) from e
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         handle.servicer, handle.health = servicer, health_servicer
@@ -215,7 +223,7 @@ def create_server(
 
     try:
         return handle, handle.bind(build)
-    except RuntimeError as e:
+    except BindError as e:
         raise BindError(f"cannot bind {address}: {e}") from e
 
 

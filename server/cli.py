@@ -119,8 +119,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             io_threads=args.threads, interceptors=interceptors, credentials=credentials,
             share_port=args.share_port,
         )
-    except BindError:
-        return _cannot_listen(args.address)
+    except BindError as e:
+        return _cannot_listen(args.address, str(e))
     if metrics is not None:
         assert server.servicer is not None
         metrics.bind_server(server.servicer.streams)
@@ -150,12 +150,14 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _cannot_listen(address: str) -> int:
-    """Say that ``address`` cannot be bound; return :data:`EXIT_CANNOT_LISTEN`."""
+def _cannot_listen(address: str, cause: str = "") -> int:
+    """Say that ``address`` cannot be bound (and why, when gRPC said: ``cause``); return
+    :data:`EXIT_CANNOT_LISTEN`."""
     print(
         f"remote-partitioner serve: cannot listen on {address}: the address is in use (is "
         "another server running there? stop it, or choose another --address; port 0 picks a "
-        "free one) or is not an address of this machine",
+        "free one) or is not an address of this machine"
+        + (f"\n  ({cause})" if cause else ""),
         file=sys.stderr, flush=True,
     )
     return EXIT_CANNOT_LISTEN

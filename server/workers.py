@@ -51,6 +51,7 @@ def reserve_port(host: str, port: int) -> Iterator[int]:
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0:
             raise RuntimeError("SO_REUSEPORT is not supported here: --workers needs it")
@@ -63,12 +64,17 @@ def reserve_port(host: str, port: int) -> Iterator[int]:
 def port_is_free(address: str) -> bool:
     """Whether ``address`` (``HOST:PORT``) can be bound by a socket that shares nothing: False
     while any other socket holds the port, with ``SO_REUSEPORT`` or without (another server,
-    or another ``--workers`` group). Port 0 is always free."""
+    or another ``--workers`` group). Connections of a server that stopped, still in TIME_WAIT,
+    do not hold it (``SO_REUSEADDR``, as gRPC binds). Port 0 is always free.
+
+    A check, then the supervisor's bind: two groups started in the same instant could both
+    pass it; a group started beside a running server, or restarted, is answered right."""
     host, port = _split_address(address)
     if port == 0:
         return True
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host.strip("[]"), port))
         except OSError:

@@ -5,6 +5,7 @@ shows the sharing)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from servers import inproc_server  # (tests/ is on sys.path)
 
 from remote_partitioner.server.app import BindError, Server, create_server
 from remote_partitioner.server.cli import EXIT_CANNOT_LISTEN
+from remote_partitioner.server.workers import port_is_free
 
 #: A second `serve` imports torch and ExecuTorch before it binds.
 SERVE_SECONDS = 240
@@ -95,3 +97,19 @@ def test_serve_refuses_an_address_in_use(
         stderr
     )
     assert serving(target)
+
+
+def test_a_stopped_servers_port_is_free_again() -> None:
+    """`serve --workers` checks the port before it starts: held while a socket listens on it,
+    free once that socket closed, even with its connections in TIME_WAIT (a restart)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's listeners
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert not port_is_free(address)
+        with socket.create_connection(listener.getsockname(), timeout=10) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+            assert client.recv(1) == b""
+    assert port_is_free(address)
