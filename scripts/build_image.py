@@ -178,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("docker") is None:
         raise SystemExit("docker is not installed")
+    if sys.version_info[:2] != (3, 11):
+        # The wheelhouse is the host's pip's choice for the host's Python; the image's is 3.11
+        # (python:3.11-slim, or Debian bookworm's).
+        raise SystemExit(f"make image needs a Python 3.11 .venv (this is "
+                         f"{sys.version_info[0]}.{sys.version_info[1]}): PYTHON=python3.11")
     started = time.monotonic()
     base = choose_base(args.base)
     pins = make_wheelhouse()

@@ -75,7 +75,11 @@ def _log_progress_bars() -> None:
 
     logger = logging.getLogger("coremltools")
     for module_name, name in _PROGRESS_BARS:
-        module = importlib.import_module(module_name)
+        try:  # coremltools' own modules: a release that moves them keeps its bars
+            module = importlib.import_module(module_name)
+        except ImportError:
+            logger.debug("no %s: its progress bars are left as they are", module_name)
+            continue
         if getattr(module, name, None) is tqdm:
             setattr(module, name, functools.partial(_logged_bar, tqdm, logger))
 
