@@ -48,6 +48,8 @@ from remote_partitioner.proto.transport import DEFAULT_ADDRESS
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+#: A target that is a plain ``HOST:PORT`` (``[V6]:PORT`` too), what ``serve --address`` takes.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:,\[\]]+):\d+")
 COMMANDS = ("list", "partition", "lower", "report")
 #: The server the commands talk to unless ``--target`` says otherwise: where ``serve``
 #: listens by default.
@@ -588,9 +590,11 @@ def _failure(e: BaseException, args: argparse.Namespace) -> CommandFailed:
     code = e.code.name
     details = str(e).removeprefix(f"{code}: ")
     if e.code == grpc.StatusCode.UNAVAILABLE and reason is None:
+        # `serve --address` takes HOST:PORT only: suggest it for such a target alone.
+        start = (f" Start one with: remote-partitioner serve --address {args.target}"
+                 if _HOST_PORT.fullmatch(args.target) else "")
         return CommandFailed(
-            f"cannot reach {args.target}: is a server running there? Start one with: "
-            f"remote-partitioner serve --address {args.target}",
+            f"cannot reach {args.target}: is a server running there?{start}",
             kind="unreachable", exit_code=EXIT_UNREACHABLE, code=code, detail=details,
         )
     if e.code == grpc.StatusCode.DEADLINE_EXCEEDED and reason is None and args.timeout:

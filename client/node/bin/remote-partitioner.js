@@ -32,6 +32,8 @@ import { DOMAIN } from '../lib/status.js';
 /** Where `serve` listens by default, and so where the commands call unless --target says. */
 export const DEFAULT_TARGET = '127.0.0.1:50051';
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
+// A target that is a plain HOST:PORT ([V6]:PORT too), what `serve --address` takes.
+const HOST_PORT = /^(\[[0-9A-Fa-f:.]+\]|[^\s/:,[\]]+):\d+$/;
 const COMMANDS = ['list', 'partition', 'lower', 'report'];
 
 const COMMON_HELP = `common options:
@@ -567,9 +569,11 @@ function failure(e, values) {
     }
     const code = i.code_name;
     if (code === 'UNAVAILABLE' && reason === null) {
-      return new Failure(`cannot reach ${values.target}: is a server running there? Start one ` +
-        `with: remote-partitioner serve --address ${values.target}`,
-      { kind: 'unreachable', exitCode: 3, code, detail: i.message });
+      // `serve --address` takes HOST:PORT only: suggest it for such a target alone.
+      const start = HOST_PORT.test(values.target)
+        ? ` Start one with: remote-partitioner serve --address ${values.target}` : '';
+      return new Failure(`cannot reach ${values.target}: is a server running there?${start}`,
+        { kind: 'unreachable', exitCode: 3, code, detail: i.message });
     }
     if (code === 'DEADLINE_EXCEEDED' && reason === null && values.timeout) {
       return new Failure(`no answer within the --timeout of ${values.timeout} s (each call's ` +
