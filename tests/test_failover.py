@@ -170,6 +170,11 @@ def expected() -> dict[str, bytes]:
 #: operator overrides): each client thread holds this lock while it lowers, except while it
 #: waits for the server, so the threads' calls overlap on the replicas.
 _LOCAL_WORK = threading.Lock()
+#: The calls the clients are waiting on now: request id -> lowering.
+_OUTSTANDING: dict[str, int] = {}
+_OUTSTANDING_LOCK = threading.Lock()
+#: A test request id: ``l<lowering>-<n>``.
+_CALL_ID = re.compile(r"l(\d+)-\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +203,8 @@ class _Client(RemotePartitioner):
         call_id = f"l{self.lowering}-{len(self.calls)}"
         self._metadata = (*self._plain_metadata, ("x-request-id", call_id))
         start, code = time.monotonic(), "OK"
+        with _OUTSTANDING_LOCK:
+            _OUTSTANDING[call_id] = self.lowering
         _LOCAL_WORK.release()
         try:
             return super()._rpc(method, request)
@@ -205,8 +212,11 @@ class _Client(RemotePartitioner):
             code = getattr(getattr(e, "code", None), "name", type(e).__name__)
             raise
         finally:
+            end = time.monotonic()
+            with _OUTSTANDING_LOCK:
+                del _OUTSTANDING[call_id]
             _LOCAL_WORK.acquire()
-            self.calls[call_id] = CallRecord(self.lowering, start, time.monotonic(), code)
+            self.calls[call_id] = CallRecord(self.lowering, start, end, code)
 
 
 @dataclasses.dataclass
@@ -265,7 +275,12 @@ def _kill_mid_run(
 ) -> tuple[Replica, float, dict[str, float]]:
     """Once KILL_AFTER_HOOK_CALLS hook calls are logged, SIGKILL the first replica seen
     running a hook call (preferring one with two or more calls in flight, for up to 2 s);
-    return it, when it was killed (``time.monotonic()``) and what it had in flight."""
+    return it, when it was killed (``time.monotonic()``) and what it had in flight.
+
+    The replica is first frozen (SIGSTOP), and killed once a client waits on a call, for a
+    lowering it served, that it has not answered (bounded): the call seen in flight may have
+    ended between the look and the signal, but one sent to a frozen replica stays in flight,
+    so the kill cuts it."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while sum(r.hook_calls() for r in reps) < KILL_AFTER_HOOK_CALLS:
         assert any(t.is_alive() for t in threads), "the run ended before the kill"
@@ -280,6 +295,17 @@ def _kill_mid_run(
             flying = {rpc: n for rpc, n in r.in_flight().items() if n}
             hooks = sum(n for rpc, n in flying.items() if rpc in HOOK_RPCS)
             if hooks >= 2 or (hooks >= 1 and time.monotonic() > patient_until):
+                r.proc.send_signal(signal.SIGSTOP)
+                # Its log is final now: a call it logged has its answer (on the way).
+                logged = {call_id for call_id, _, _ in r.calls()}
+                served = {int(m.group(1)) for m in map(_CALL_ID.fullmatch, logged) if m}
+                frozen_until = time.monotonic() + 20
+                while time.monotonic() < frozen_until:
+                    with _OUTSTANDING_LOCK:
+                        if any(lowering in served and call_id not in logged
+                               for call_id, lowering in _OUTSTANDING.items()):
+                            break
+                    time.sleep(0.01)
                 killed_at = time.monotonic()
                 r.proc.send_signal(signal.SIGKILL)
                 assert r.proc.wait(30) == -signal.SIGKILL
