@@ -3,7 +3,7 @@ errors to statuses, and keeps the event loop free.
 
 Each method hands its request to :class:`~remote_partitioner.server.instance.PartitionerInstance`
 and turns a :class:`~remote_partitioner.proto.errors.ServiceError` into a ``google.rpc.Status``
-(:func:`~remote_partitioner.server.status.make_status`); the server keeps serving after each.
+(:func:`~remote_partitioner.server.status.abort`); the server keeps serving after each.
 
 I/O model. RPC I/O runs on one asyncio event loop, so an open stream, idle or slow, costs
 memory, not a thread. Work that can take long runs on executors, never on the loop:
@@ -25,7 +25,7 @@ import concurrent.futures
 import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -34,7 +34,7 @@ from remote_partitioner.proto.errors import BLOB_DIGEST, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.instance import PartitionerInstance, TimeRemaining, chunks
-from remote_partitioner.server.status import make_status
+from remote_partitioner.server.status import abort
 
 _T = TypeVar("_T")
 
@@ -58,12 +58,6 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     or dropped with a stream that ended for another reason)."""
     if not future.cancelled():
         future.exception()
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
-    status = make_status(error)
-    await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
-    raise AssertionError("abort returned")  # pragma: no cover
 
 
 def _time_remaining(context: grpc.aio.ServicerContext) -> TimeRemaining:
@@ -125,7 +119,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         try:
             return await self._off_loop(pool, fn, *args)
         except ServiceError as e:
-            await _abort(context, e)
+            await abort(context, e)
 
     async def _admitted(
         self, context: grpc.aio.ServicerContext, fn: Callable[[Any, TimeRemaining], _T],
@@ -138,7 +132,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 self._hooks, fn, request, _time_remaining(context), release=release
             )
         except ServiceError as e:
-            await _abort(context, e)
+            await abort(context, e)
 
     async def _read(
         self, requests: AsyncIterator[_T], on_idle: Callable[[], ServiceError]
@@ -163,7 +157,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
             try:
                 await asyncio.wait_for(context.write(message), self.idle_seconds)
             except asyncio.TimeoutError:
-                await _abort(context, ServiceError(
+                await abort(context, ServiceError(
                     Reason.STREAM_IDLE,
                     f"the client took no {what} message for {self.idle_seconds:g} s; the "
                     "stream was cancelled",
@@ -227,7 +221,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 await verifying
             return assembly.finish()
         except ServiceError as e:
-            await _abort(context, e)
+            await abort(context, e)
         finally:
             assembly.discard()
             self.streams.open_streams -= 1
@@ -246,7 +240,7 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                     return
                 await self._write_all(context, iter([chunk]), "ReadBlobs")
         except ServiceError as e:
-            await _abort(context, e)
+            await abort(context, e)
         finally:
             self.streams.open_streams -= 1
 

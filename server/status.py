@@ -8,6 +8,8 @@ a ``RetryInfo``.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
@@ -64,3 +66,11 @@ def make_status(error: ServiceError) -> grpc.Status:
     return rpc_status.to_status(
         status_pb2.Status(code=getattr(code_pb2, error.code.name), message=message, details=packed)
     )
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
+    """End the call of ``context`` with :func:`make_status` of ``error`` (grpc.aio sends the
+    status inside ``abort``, which then raises)."""
+    status = make_status(error)
+    await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
+    raise AssertionError("abort returned")  # pragma: no cover

@@ -30,7 +30,7 @@ import grpc
 
 from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.server.handlers import rewrap
-from remote_partitioner.server.status import make_status
+from remote_partitioner.server.status import abort
 
 #: ``ErrorInfo.metadata`` keys of an ``UNPARSABLE_REQUEST`` status.
 METHOD_KEY = "method"
@@ -60,14 +60,14 @@ class Unparsable:
         """The received size, as a message's serialized size (what metrics count)."""
         return self.size
 
-    def status(self) -> grpc.Status:
-        """The status the call ends with."""
-        return make_status(ServiceError(
+    def service_error(self) -> ServiceError:
+        """The error the call ends with."""
+        return ServiceError(
             Reason.UNPARSABLE_REQUEST,
             f"{self.method}: the request ({self.size} bytes) does not parse as a "
             f"{self.message_type} message: {self.error}",
             {METHOD_KEY: self.method, MESSAGE_TYPE_KEY: self.message_type},
-        ))
+        )
 
 
 def message_type_of(deserializer: Callable[[bytes], Any]) -> str:
@@ -96,9 +96,7 @@ def _tolerant(
 
 
 async def _refuse(context: grpc.aio.ServicerContext, request: Unparsable) -> NoReturn:
-    status = request.status()
-    await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
-    raise AssertionError("abort returned")  # pragma: no cover
+    await abort(context, request.service_error())
 
 
 async def _checked(
