@@ -87,6 +87,18 @@ def dead_target() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def silent_target() -> Iterator[str]:
+    """A loopback port that listens and never speaks: the kernel completes the TCP handshake
+    (the backlog), but no HTTP/2 settings ever come back, so every call's deadline passes
+    whatever the machine's speed (a short deadline against a real server can be met: gRPC
+    rounds deadlines to milliseconds, and a warm local ListPartitioners fits in one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The input files of the cases: ``model.pt2`` (Linear, ReLU, then a cumsum XNNPACK
     leaves on the CPU), a truncated copy, a text file, a zip file that is no PT2 archive;
@@ -250,8 +262,8 @@ CASES = [
          "-o nowhere/page.html: the directory nowhere does not exist"),
     Case("bad-request-id", ("list", "--request-id", "a b"), 2, "--request-id wants 1 to 64"),
     Case("request-id", ("list", "--request-id", "table-1", "--json"), 0, '"api": "v1"'),
-    Case("timeout", ("list", "--timeout", "0.000001"), 1,
-         "no answer within the --timeout of 0.000001 s"),
+    Case("timeout", ("list", "--timeout", "0.5", "--target", "{silent}"), 1,
+         "no answer within the --timeout of 0.5 s"),
     Case("unreachable", ("list", "--target", "{dead}"), 3,
          "cannot reach {dead}: is a server running there? Start one with: "
          "remote-partitioner serve --address {dead}"),
@@ -287,9 +299,10 @@ def _json_error(stderr: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_both_clis_agree(case: Case, target: str, dead_target: str, inputs: Path,
-                         tmp_path: Path) -> None:
-    args = [a.replace("{dead}", dead_target) for a in case.args]
+def test_both_clis_agree(case: Case, target: str, dead_target: str, silent_target: str,
+                         inputs: Path, tmp_path: Path) -> None:
+    args = [a.replace("{dead}", dead_target).replace("{silent}", silent_target)
+            for a in case.args]
     if "--target" not in args and args[0] != "report":  # report: no server
         args += ["--target", target]
     says = case.says.replace("{dead}", dead_target)
