@@ -9,6 +9,7 @@ import contextlib
 import os
 import queue
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +47,18 @@ def wait_serving(target: str, deadline: float) -> None:
 
 # --------------------------------------------------------------------------------------------
 # In this process
+
+
+@contextlib.contextmanager
+def silent_target() -> Iterator[str]:
+    """A loopback address that listens and never speaks: the kernel completes the TCP
+    handshake (the backlog), but no HTTP/2 settings ever come back, so a call's deadline
+    passes whatever the machine's speed. (A tiny deadline against a real server can be met:
+    gRPC rounds deadlines to milliseconds, and a warm local call fits in one.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import plugin_distribution
-from servers import serve_process  # (tests/ is on sys.path)
+from servers import serve_process, silent_target  # (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "client" / "node"
@@ -86,16 +86,11 @@ def dead_target() -> Iterator[str]:
         yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
-@pytest.fixture(scope="module")
-def silent_target() -> Iterator[str]:
-    """A loopback port that listens and never speaks: the kernel completes the TCP handshake
-    (the backlog), but no HTTP/2 settings ever come back, so every call's deadline passes
-    whatever the machine's speed (a short deadline against a real server can be met: gRPC
-    rounds deadlines to milliseconds, and a warm local ListPartitioners fits in one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(16)
-        yield f"127.0.0.1:{s.getsockname()[1]}"
+@pytest.fixture(scope="module", name="silent_target")
+def _silent_target() -> Iterator[str]:
+    """A loopback port that listens and never speaks (:func:`servers.silent_target`)."""
+    with silent_target() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

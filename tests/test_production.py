@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import pickle
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,7 +20,7 @@ from executorch.exir.program._fake_program import get_fake_program
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
-from servers import inproc_server  # (tests/ is on sys.path)
+from servers import inproc_server, silent_target  # (tests/ is on sys.path)
 from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
@@ -435,25 +434,22 @@ def test_deadline_passed_while_waiting() -> None:
                     )
                     answered += 1  # it found the slot free between two slow calls
                 except grpc.RpcError as e:
-                    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.details()
-                    assert s.reasons(e) == ["DEADLINE_PASSED"], e.details()
-                    if "while the call waited for its turn" in e.details():
+                    said = e.details() or ""
+                    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, said
+                    assert s.reasons(e) == ["DEADLINE_PASSED"], said
+                    if "while the call waited for its turn" in said:
                         waited.append(s.reasons(e))
                     else:
-                        assert "before the work could start" in e.details(), e.details()
+                        assert "before the work could start" in said, said
                         late += 1
             assert waited == [["DEADLINE_PASSED"]], (answered, late)
         finally:
             stop.set()
             thread.join(timeout=300)
         s.assert_serving()
-        # The client's own deadline: a port that listens and never speaks (a tiny timeout
-        # against a real server can be met, since gRPC rounds deadlines to milliseconds).
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
-            silent.bind(("127.0.0.1", 0))
-            silent.listen(4)
-            remote = RemotePartitioner(f"127.0.0.1:{silent.getsockname()[1]}", "xnnpack",
-                                       timeout=0.5)
+        # The client's own deadline, against a port that never answers.
+        with silent_target() as silent:
+            remote = RemotePartitioner(silent, "xnnpack", timeout=0.5)
             with pytest.raises(RemotePartitionerError) as err:
                 remote.partition(_edge())
         assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
