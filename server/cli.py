@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from remote_partitioner.server.instance import versions_key
     from remote_partitioner.server.observability import Metrics, ObservabilityInterceptor
     from remote_partitioner.server.registry import default_registry
-    from remote_partitioner.server.results import ResultCache
+    from remote_partitioner.server.results import ResultCache, results_directory
 
     credentials, interceptors = _security(args, parser)
     store = open_blob_store(args.cache_bytes, args.blob_dir)
@@ -115,7 +115,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.address, registry=registry,
             backends=default_backend_registry(plugins=not args.no_plugins), blob_store=store,
             limits=limits,
-            result_cache=ResultCache(args.result_cache_bytes, versions=versions_key()),
+            result_cache=ResultCache(
+                args.result_cache_bytes, versions=versions_key(),
+                directory=results_directory(args.blob_dir) if args.blob_dir else None,
+            ),
             io_threads=args.threads, interceptors=interceptors, credentials=credentials,
             share_port=args.share_port,
         )
@@ -124,6 +127,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if metrics is not None:
         assert server.servicer is not None
         metrics.bind_server(server.servicer.streams)
+        metrics.bind_result_cache(server.servicer.instance.results)
         metrics_port = metrics.serve(args.metrics_port, args.metrics_address)
         logger.warning("metrics on http://%s:%d/metrics", args.metrics_address, metrics_port)
     stop = threading.Event()
@@ -200,8 +204,10 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
                        help="blob store bound in bytes, least recently used evicted "
                        "(default 8 GiB)")
     serve.add_argument("--result-cache-bytes", type=int, default=256 << 20,
-                       help="bound of the cache of hook results by request content, least "
-                       "recently used evicted (default 256 MiB; 0 = off)")
+                       help="bound of the cache of results (hook, Preprocess and Lower answers) "
+                       "by request content, least recently used evicted, in memory and, with "
+                       "--blob-dir, on disk there, shared by every process using the directory "
+                       "(default 256 MiB each; 0 = off)")
     serve.add_argument("--grace", type=float, default=30.0,
                        help="seconds in-flight calls get to finish on SIGTERM/SIGINT "
                        "(default 30)")

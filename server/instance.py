@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from executorch.exir.backend.partitioner import Partitioner
@@ -62,9 +62,12 @@ from remote_partitioner.server.registry import (
     Registry,
     UnknownPartitionerError,
 )
-from remote_partitioner.server.results import ResultCache
+from remote_partitioner.server.results import ResultCache, environment_key
 from remote_partitioner.server.settings import Limits
 from remote_partitioner.server.uploads import ByteBudget, UploadAssembly
+
+if TYPE_CHECKING:
+    from remote_partitioner.server.lower_call import Lowered
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +113,8 @@ def server_versions() -> pb.ServerVersions:
 
 
 def versions_key() -> str:
-    """This server's versions, as the result cache keys on them."""
-    return server_versions().SerializeToString(deterministic=True).hex()
+    """This server's versions and environment, as the result cache keys on them."""
+    return server_versions().SerializeToString(deterministic=True).hex() + environment_key()
 
 
 def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
@@ -207,7 +210,7 @@ def _compile_spec(cs: pb.CompileSpec) -> Any:
     return CompileSpec(cs.key, bytes(cs.value))
 
 
-def _deadline_passed(time_remaining: TimeRemaining) -> None:
+def check_deadline(time_remaining: TimeRemaining) -> None:
     remaining = time_remaining()
     if remaining is not None and remaining <= 0:
         raise ServiceError(
@@ -229,20 +232,6 @@ def _preprocess_digests(response: pb.PreprocessResponse) -> Iterator[pb.Digest]:
         for r in method.results:
             yield r.processed_bytes
             yield from r.data_store_output.buffers
-
-
-def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
-    """``lowering.MethodReport``s as a DelegationReport message."""
-    out = pb.DelegationReport()
-    for m in methods:
-        entry = out.methods.add(method=m.method, total_nodes=m.total_nodes)
-        for backend, (partitions, nodes) in sorted(m.delegated.items()):
-            entry.delegated.add(backend_id=backend, partitions=partitions, nodes=nodes)
-        for op, count in sorted(m.cpu_ops.items(), key=lambda kv: (-kv[1], kv[0])):
-            entry.cpu_ops.add(op=op, count=count)
-        entry.nodes.extend(m.nodes)
-        entry.partitions.extend(m.partitions)
-    return out
 
 
 def chunks(data: BlobView | bytes) -> Iterator[bytes]:
@@ -418,13 +407,15 @@ class PartitionerInstance:
         self._check_program(program)
         key = self.results.key(rpc, request)
         if self._held(codec.iter_digests(program)):
-            cached = self.results.get(key, _RESPONSES[rpc])
-            if cached is not None and self._held(_response_digests(cached)):
+            cached = self.results.get(
+                key, _RESPONSES[rpc], lambda r: self._held(_response_digests(r))
+            )
+            if cached is not None:
                 return cached  # type: ignore[return-value]
         withheld = codec.has_withheld(program)
         with self.turn(time_remaining):
             ep = self._decode(program, value_reads.Withheld() if withheld else None)
-            _deadline_passed(time_remaining)
+            check_deadline(time_remaining)
             watch = value_reads.watching() if withheld else contextlib.nullcontext()
             reads = None
             try:
@@ -508,10 +499,10 @@ class PartitionerInstance:
                 self._check_program(program)
         key = self.results.key("Preprocess", request)
         if self._held(d for method in programs for p in method for d in codec.iter_digests(p)):
-            cached = self.results.get(key, pb.PreprocessResponse)
-            if isinstance(cached, pb.PreprocessResponse) and self._held(
-                _preprocess_digests(cached)
-            ):
+            cached = self.results.get(
+                key, pb.PreprocessResponse, lambda r: self._held(_preprocess_digests(r))
+            )
+            if cached is not None:
                 return cached
         with self.turn(time_remaining):
             inputs: list[preprocess_runner.MethodPrograms] = []
@@ -526,7 +517,7 @@ class PartitionerInstance:
                     specs = [_compile_spec(cs) for cs in p.compile_specs]
                     items.append((ep, specs))
                 inputs.append((m.name, items))
-            _deadline_passed(time_remaining)
+            check_deadline(time_remaining)
             try:
                 # The turn is the process's one slot: nothing else uses the generator between
                 # setting the caller's state and reading it back.
@@ -556,40 +547,12 @@ class PartitionerInstance:
 
     # ------------------------------------------------------------------ whole lowering
 
-    def lower(
-        self, request: pb.LowerRequest, time_remaining: TimeRemaining
-    ) -> tuple[pb.DelegationReport, bytes | None]:
-        """Lower the request's PT2 archive with its partitioners: the delegation report and
-        the ``.pte`` bytes (None with ``report_only``)."""
-        from remote_partitioner.server import lowering, pt2
+    def lower(self, request: pb.LowerRequest, time_remaining: TimeRemaining) -> Lowered:
+        """Lower the request's PT2 archive with its partitioners, or answer a repeat from the
+        result cache (:func:`remote_partitioner.server.lower_call.lower`)."""
+        from remote_partitioner.server import lower_call
 
-        if not request.partitioners:
-            raise ServiceError(Reason.INVALID_SPEC, "no partitioner given", field="partitioners")
-        partitioners = [self.partitioner(ref) for ref in request.partitioners]
-        self.check_digest(request.archive, "archive")
-        with self.turn(time_remaining):
-            archive = self._required_blob(request.archive, "archive")
-            try:
-                programs = pt2.read_pt2(memoryview(archive))
-            except (ValueError, codec.CodecError) as e:
-                raise ServiceError(
-                    Reason.INVALID_PROGRAM, f"the archive cannot be read: {e}"
-                ) from e
-            _deadline_passed(time_remaining)
-            # The backends' preprocess runs inside the lowering: it starts from the state a
-            # fresh process has, as Preprocess does (HostedBackend.fresh_state).
-            for backend in self.backends:
-                if backend.fresh_state is not None:
-                    backend.fresh_state()
-            try:
-                methods, pte = lowering.lower(
-                    programs, partitioners,
-                    check_ir_validity=not request.options.skip_ir_validity_check,
-                    report_only=request.options.report_only,
-                )
-            except hooks.PartitionerRaised as e:
-                raise partitioner_raised(e.remote) from e
-        return _report_message(methods), pte
+        return lower_call.lower(self, request, time_remaining)
 
     # ------------------------------------------------------------------ admission
 
@@ -728,7 +691,7 @@ class PartitionerInstance:
                 "program_digest", f"the program message declares {d.size_bytes} bytes",
                 self.limits.max_graph_bytes,
             )
-        data = self._required_blob(d, "program")
+        data = self.required_blob(d, "program")
         program = pb.Program()
         try:
             program.ParseFromString(bytes(data))
@@ -738,7 +701,7 @@ class PartitionerInstance:
             ) from e
         return program
 
-    def _required_blob(self, d: pb.Digest, what: str) -> BlobView:
+    def required_blob(self, d: pb.Digest, what: str) -> BlobView:
         """The blob a request names directly, or BLOB_MISSING."""
         data = self.blobs.get(d.hash)
         if data is None or len(data) != d.size_bytes:

@@ -66,6 +66,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from remote_partitioner.proto.transport import SERVICE_NAME as _SERVICE
 from remote_partitioner.server.blobstore import Blobs
 from remote_partitioner.server.handlers import rewrap
+from remote_partitioner.server.results import ResultCache
 
 #: The metadata key carrying a call's request id, both ways.
 REQUEST_ID_KEY = "x-request-id"
@@ -160,6 +161,12 @@ class Metrics:
         )
         for result in ("hit", "miss"):
             self.blob_cache.labels(result=result)
+        self.result_cache = Gauge(
+            "remote_partitioner_result_cache_lookups",
+            "Result cache lookups since start: answered from memory (hit), from the shared "
+            "directory (disk_hit), or not (miss).",
+            ["result"], registry=self.registry,
+        )
         self.blob_store_bytes = Gauge(
             "remote_partitioner_blob_store_bytes", "Bytes held by the blob store.",
             registry=self.registry,
@@ -186,6 +193,14 @@ class Metrics:
         """Report ``store``'s bytes and blob count (replacing any store bound before)."""
         self.blob_store_bytes.set_function(lambda: float(store.nbytes))
         self.blob_store_blobs.set_function(lambda: float(len(store)))
+
+    def bind_result_cache(self, cache: ResultCache) -> None:
+        """Report ``cache``'s lookups (replacing any cache bound before)."""
+        self.result_cache.labels(result="hit").set_function(
+            lambda: float(cache.hits - cache.disk_hits)
+        )
+        self.result_cache.labels(result="disk_hit").set_function(lambda: float(cache.disk_hits))
+        self.result_cache.labels(result="miss").set_function(lambda: float(cache.misses))
 
     def bind_server(self, stats: StreamGauges) -> None:
         """Report ``stats``' open streams and upload bytes in flight (replacing any bound

@@ -29,10 +29,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.errors import BLOB_DIGEST, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+from remote_partitioner.server import lower_call
+from remote_partitioner.server.blobstore import BlobView
 from remote_partitioner.server.instance import PartitionerInstance, TimeRemaining, chunks
 from remote_partitioner.server.status import abort
 
@@ -271,20 +272,22 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     # ------------------------------------------------------------------ whole lowering
 
     async def Lower(self, request: pb.LowerRequest, context: grpc.aio.ServicerContext) -> None:
-        report, pte = await self._admitted(context, self.instance.lower, request)
+        lowered = await self._admitted(context, self.instance.lower, request)
         self.streams.open_streams += 1
         try:
-            first = pb.LowerResponse(report=report)
-            if pte is not None:
-                first.pte.CopyFrom(await self._off_loop(self._io, digest_of, pte))
+            first = pb.LowerResponse(report=lowered.report)
+            if lowered.pte_digest is not None:
+                first.pte.CopyFrom(lowered.pte_digest)
             await self._write_all(context, iter([first]), "Lower")
-            if pte:
-                await self._write_all(context, _lower_chunks(pte), "Lower")
+            if lowered.pte:
+                await self._write_all(context, _lower_chunks(lowered.pte), "Lower")
         finally:
             self.streams.open_streams -= 1
+        # Stored once the answer is sent (a failed write above skips it: the next call lowers).
+        await self._off_loop(self._io, lower_call.remember, self.instance, lowered)
 
 
-def _lower_chunks(pte: bytes) -> Iterator[pb.LowerResponse]:
+def _lower_chunks(pte: BlobView | bytes) -> Iterator[pb.LowerResponse]:
     offset = 0
     for piece in chunks(pte):
         yield pb.LowerResponse(offset=offset, data=piece)

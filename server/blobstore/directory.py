@@ -197,7 +197,7 @@ class DirBlobStore:
                 data = buf if n == st.st_size else buf[:n]
             identity = _identity(st)
             if not self._is_verified(hash_, identity):
-                if len(data) != st.st_size or hashlib.sha256(data).hexdigest() != hash_:
+                if len(data) != st.st_size or not self._content_matches(hash_, data):
                     self._discard(hash_, path, identity)
                     return None
                 self._mark_verified(hash_, identity)
@@ -219,7 +219,7 @@ class DirBlobStore:
             OSError: the file cannot be written (after one eviction pass if the disk is full).
         """
         flat = _byte_view(data)
-        _verify(hash_, size, flat, hashed=hashed)
+        self._verify_put(hash_, size, flat, hashed=hashed)
         path = self.path(hash_)
         if self._intact(path, size):
             return
@@ -240,6 +240,18 @@ class DirBlobStore:
             )
         if stale:
             self._evict(keep=hash_)
+
+    # ------------------------------------------------------------------ what a file must hold
+
+    def _content_matches(self, hash_: str, data: BlobView) -> bool:
+        """Whether the bytes of file ``hash_`` are intact: they hash to its name."""
+        return hashlib.sha256(data).hexdigest() == hash_
+
+    def _verify_put(
+        self, hash_: str, size: int, data: bytes | bytearray | memoryview, *, hashed: bool
+    ) -> None:
+        """Raise unless ``data`` may be stored as file ``hash_`` (see :meth:`put`)."""
+        _verify(hash_, size, data, hashed=hashed)
 
     # ------------------------------------------------------------------ writing
 
