@@ -23,7 +23,7 @@ from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks, lowering, pt2
-from remote_partitioner.server.blobstore import BlobError, BlobView
+from remote_partitioner.server.blobstore import BlobView
 from remote_partitioner.server.instance import (
     PartitionerInstance,
     TimeRemaining,
@@ -96,22 +96,22 @@ def lower(
 
 def remember(instance: PartitionerInstance, lowered: Lowered) -> None:
     """Keep a fresh lowering's ``.pte`` in the blob store and its answer in the result cache
-    (the ``.pte`` first: an entry is used only while its ``.pte`` is held). Run once the
-    answer is on its way: a store that cannot take it costs the next lowering, not this one.
+    (the ``.pte`` first: an entry is used only while its ``.pte`` is held). Runs once the
+    answer is on its way, in the background: a store that cannot take it costs the next
+    lowering, not this one (logged, never raised).
     """
     if lowered.cached or instance.results.max_bytes <= 0:
         return
-    response = pb.LowerResponse(report=lowered.report)
-    if lowered.pte_digest is not None:
-        assert lowered.pte is not None
-        try:
+    try:
+        response = pb.LowerResponse(report=lowered.report)
+        if lowered.pte_digest is not None:
+            assert lowered.pte is not None
             instance.blobs.put(lowered.pte_digest.hash, lowered.pte_digest.size_bytes,
                                lowered.pte, hashed=True)
-        except (BlobError, OSError) as e:
-            logger.warning("the .pte of a lowering was not stored: %s", e)
-            return
-        response.pte.CopyFrom(lowered.pte_digest)
-    instance.results.put(lowered.key, response)
+            response.pte.CopyFrom(lowered.pte_digest)
+        instance.results.put(lowered.key, response)
+    except Exception:
+        logger.exception("a lowering's answer was not kept in the result cache")
 
 
 def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -283,8 +284,11 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
                 await self._write_all(context, _lower_chunks(lowered.pte), "Lower")
         finally:
             self.streams.open_streams -= 1
-        # Stored once the answer is sent (a failed write above skips it: the next call lowers).
-        await self._off_loop(self._io, lower_call.remember, self.instance, lowered)
+        # Stored once the answer is sent, without keeping the call open meanwhile (a failed
+        # write above skips it: the next call lowers again).
+        if not lowered.cached:
+            with contextlib.suppress(RuntimeError):  # the pool is shut down: not stored
+                self._io.submit(lower_call.remember, self.instance, lowered)
 
 
 def _lower_chunks(pte: BlobView | bytes) -> Iterator[pb.LowerResponse]:

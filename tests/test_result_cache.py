@@ -13,8 +13,9 @@ import hashlib
 import io
 import os
 import re
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,14 @@ def _lower(target: str, archive: bytes, timeout: float = 300, **options: bool) -
         return client.lower(archive, [partitioner_ref("xnnpack")], **options).pte
 
 
+def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Wait (bounded) for ``condition``: a lowering's answer is stored once it has been sent."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {seconds} s"
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def _hook_slot_taken(server: object) -> Iterator[None]:
     """Hold the server's one hook slot, as a long lowering would, for the block."""
@@ -90,6 +99,7 @@ def test_a_repeated_lower_is_answered_from_the_cache_without_a_turn(
     with inproc_server(result_cache=cache) as (server, target):
         assert _lower(target, archive) == local_pte
         assert (cache.hits, cache.misses) == (0, 1)
+        _until(lambda: len(cache) == 1, "the lowering was not stored")
         # A repeat waits for nothing: with the hook slot taken, only a hit can answer in time.
         with _hook_slot_taken(server):
             assert _lower(target, archive, timeout=_HIT_SECONDS) == local_pte
@@ -99,6 +109,7 @@ def test_a_repeated_lower_is_answered_from_the_cache_without_a_turn(
             result = client.lower(archive, [partitioner_ref("xnnpack")], report_only=True)
         assert result.pte is None and result.report.methods[0].delegated
         assert (cache.hits, cache.misses) == (1, 2)
+        _until(lambda: len(cache) == 2, "the report-only lowering was not stored")
         with _hook_slot_taken(server), LowerClient(target, timeout=_HIT_SECONDS) as client:
             again = client.lower(archive, [partitioner_ref("xnnpack")], report_only=True)
         assert again.pte is None and again.report == result.report
@@ -113,11 +124,12 @@ def test_an_entry_whose_pte_is_gone_is_lowered_again(
     with inproc_server(blob_store=store, result_cache=cache) as (server, target):
         assert _lower(target, archive) == local_pte
         pte = store.path(hashlib.sha256(local_pte).hexdigest())
+        _until(lambda: len(cache) == 1, "the lowering was not stored")
         assert os.path.exists(pte), "the lowering's .pte is not in the blob store"
         os.unlink(pte)
         assert _lower(target, archive) == local_pte
         assert cache.hits == 0, "an entry was used without its .pte"
-        assert os.path.exists(pte)
+        _until(lambda: os.path.exists(pte), "the .pte was not stored again")
         # The entry is whole again: a repeat hits.
         with _hook_slot_taken(server):
             assert _lower(target, archive, timeout=_HIT_SECONDS) == local_pte
@@ -205,6 +217,8 @@ def test_replicas_and_a_restarted_server_answer_from_the_shared_directory(
     with _server(tmp_path / "a.log", blob_dir) as (a, a_metrics), \
             _server(tmp_path / "b.log", blob_dir) as (b, b_metrics):
         assert _lower(a, archive) == local_pte
+        _until(lambda: any(len(p.name) == 64 for p in (blob_dir / "results").glob("??/*")),
+               "the lowering was not stored in the directory")
         assert _remote_pte(a) == local_pte
         assert _lookups(a_metrics)["disk_hit"] == 0
         # The replica lowered nothing: every answer comes from the directory.
