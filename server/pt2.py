@@ -43,6 +43,7 @@ import dataclasses
 import io
 import math
 import re
+import struct
 import sys
 import threading
 import typing
@@ -95,6 +96,53 @@ class ArchiveError(ValueError):
 # --------------------------------------------------------------------------------------------
 # The zip, in memory
 
+#: A zip member's local header: signature, version, flags, method, time, date, CRC-32,
+#: compressed and uncompressed sizes, name length, extra field length.
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_LOCAL_HEADER_MAGIC = b"PK\x03\x04"
+#: Payloads shared with the archive's memory start at a multiple of this (torch's own
+#: allocations' alignment; ``torch.export.save`` aligns its members to it).
+_ALIGNMENT = 64
+
+
+class _ViewFile(io.RawIOBase):
+    """A read-only, seekable file over a byte view, for :mod:`zipfile` (``io.BytesIO`` would
+    copy a memoryview whole)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._view.nbytes if size is None or size < 0 else self._pos + size
+        out = bytes(self._view[self._pos : end])
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        piece = self._view[self._pos : self._pos + target.nbytes]
+        target[: piece.nbytes] = piece
+        self._pos += piece.nbytes
+        return piece.nbytes
+
 
 def _check_member_name(name: str) -> None:
     """Refuse names that would escape a directory if anyone ever extracted the archive."""
@@ -122,8 +170,10 @@ class _MemoryArchive:
     def __init__(
         self, data: bytes | memoryview, max_members: int, max_uncompressed_bytes: int | None
     ) -> None:
+        view = memoryview(data)
+        self._view = view if view.format == "B" and view.c_contiguous else view.cast("B")
         try:
-            self._zip = zipfile.ZipFile(io.BytesIO(data))
+            self._zip = zipfile.ZipFile(_ViewFile(self._view))
             infos = self._zip.infolist()
         except Exception as e:  # BadZipFile, but also struct, Unicode, OS errors
             raise ArchiveError(f"not a zip archive: {_short(e)}") from None
@@ -199,15 +249,65 @@ class _MemoryArchive:
             raise ArchiveError(f"{name} is not UTF-8 text") from None
 
     def get_storage_from_record(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """The payload as a flat tensor of ``numel`` elements of ``dtype``: its bytes copied
-        into memory torch allocates (aligned as torch aligns)."""
-        raw = self.read_bytes(name)
-        if numel * torch._utils._element_size(dtype) != len(raw):
-            raise ArchiveError(f"{name}: {len(raw)} bytes is not {numel} elements of {dtype}")
+        """The payload as a flat tensor of ``numel`` elements of ``dtype``.
+
+        A stored (uncompressed) member is taken from the archive's memory as it lies there:
+        shared with it when the archive's memory is writable (the caller gave it over, see
+        :func:`read_pt2`) and the payload starts where torch aligns its allocations, else
+        copied once into memory torch allocates. Any other member is read through
+        :mod:`zipfile` and copied. Like torch's reader, a stored member's CRC-32 is not
+        checked (the archive's SHA-256 names its bytes).
+        """
+        info = self._records.get(name)
+        if info is None:
+            raise ArchiveError(f"{name} is missing from the archive")
+        nbytes = numel * torch._utils._element_size(dtype)
+        if nbytes != info.file_size:
+            raise ArchiveError(
+                f"{name}: {info.file_size} bytes is not {numel} elements of {dtype}"
+            )
+        payload = self._stored_payload(info)
+        if payload is None:
+            raw = self.read_bytes(name)
+            flat = torch.empty(numel, dtype=dtype)
+            if raw:
+                ctypes.memmove(flat.data_ptr(), raw, len(raw))  # read_bytes checked the size
+            return flat
+        if not payload.readonly and nbytes:
+            shared = torch.frombuffer(payload, dtype=dtype, count=numel)
+            if shared.data_ptr() % _ALIGNMENT == 0:
+                return shared
         flat = torch.empty(numel, dtype=dtype)
-        if raw:
-            ctypes.memmove(flat.data_ptr(), raw, len(raw))  # sizes checked just above
+        if nbytes:
+            target = (ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())
+            memoryview(target).cast("B")[:] = payload  # one memcpy; sizes checked above
         return flat
+
+    def _stored_payload(self, info: zipfile.ZipInfo) -> memoryview | None:
+        """The bytes of a stored, unencrypted member, as a slice of the archive's memory;
+        None for any other member, or when its local header does not agree with the zip
+        directory (reading it through :mod:`zipfile` then says what is wrong)."""
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            return None
+        view, start = self._view, info.header_offset
+        if start < 0:
+            return None
+        header = view[start : start + _LOCAL_HEADER.size]
+        if header.nbytes != _LOCAL_HEADER.size:
+            return None
+        fields = _LOCAL_HEADER.unpack(header)
+        if fields[0] != _LOCAL_HEADER_MAGIC or fields[2] & 0x1:
+            return None
+        name_len, extra_len = fields[-2], fields[-1]
+        name_at = start + _LOCAL_HEADER.size
+        encoding = "utf-8" if info.flag_bits & 0x800 else "cp437"
+        if bytes(view[name_at : name_at + name_len]) != info.orig_filename.encode(encoding):
+            return None
+        begin = name_at + name_len + extra_len
+        end = begin + info.file_size
+        if end > view.nbytes:
+            return None
+        return view[begin:end]
 
     def as_torch_reader(self) -> PT2ArchiveReader:
         """This archive, typed as what torch's helpers take (they only use the methods above)."""
@@ -490,6 +590,12 @@ def read_pt2(
     constraints, module call graph, verifiers), except that ``example_inputs`` is None: the
     sample inputs are pickles and are never read. Other members (extra files, AOTInductor or
     ExecuTorch artifacts) are ignored.
+
+    Memory: the tensors of a stored payload (what ``torch.export.save`` writes) share a
+    writable ``data``'s memory rather than copy it, as the blob store's private copy-on-write
+    mappings allow: the caller gives a writable ``data`` over and must not change it afterwards
+    (a ``bytearray`` cannot be resized while they live). A read-only ``data`` (``bytes``) is
+    copied, once per payload.
 
     Limits: at most ``max_members`` members; if ``max_uncompressed_bytes`` is given, the
     members' declared uncompressed sizes (checked before anything is read) plus the zeros torch
