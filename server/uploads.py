@@ -4,6 +4,7 @@ and the bound on the upload bytes a server holds in flight (:class:`ByteBudget`)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections.abc import Callable
 
@@ -18,6 +19,8 @@ class CompleteBlob:
 
     digest: pb.Digest
     data: BlobBuffer
+    #: The SHA-256 (hex) of the bytes, computed chunk by chunk as they arrived; empty if not.
+    sha256: str = ""
 
 
 class ByteBudget:
@@ -66,8 +69,10 @@ class UploadAssembly:
     """Reassembles one ``UploadBlobs`` stream: chunks in order, blob after blob.
 
     Contract: call :meth:`feed` with each request in order; when it returns a
-    :class:`CompleteBlob`, call :meth:`commit` with it (verification hashes the blob: the async
-    servicer runs it off the event loop); at the end call :meth:`finish`. A refusal raises
+    :class:`CompleteBlob`, call :meth:`commit` with it (it stores the blob: the async servicer
+    runs it off the event loop); at the end call :meth:`finish`. Each chunk is hashed as it is
+    fed, so that the blob is verified as soon as its last chunk arrives, rather than hashed
+    whole after it while the client waits. A refusal raises
     :class:`~remote_partitioner.proto.errors.ServiceError` and stores nothing of the blob in
     progress (blobs committed earlier in the stream stay stored: they were verified).
     """
@@ -81,6 +86,7 @@ class UploadAssembly:
         self.committed: list[pb.Digest] = []
         self._current: pb.Digest | None = None
         self._buf: BlobBuffer | None = None
+        self._sha256 = hashlib.sha256()
 
     @property
     def pending(self) -> pb.Digest | None:
@@ -116,6 +122,7 @@ class UploadAssembly:
             self._inflight.reserve(d.size_bytes, f"blob {d.hash}")
             self._buf = BlobBuffer(d.size_bytes)
             self._current = pb.Digest(hash=d.hash, size_bytes=d.size_bytes)
+            self._sha256 = hashlib.sha256()
         current, buf = self._current, self._buf
         assert current is not None and buf is not None
         if chunk.offset != buf.written:
@@ -132,21 +139,25 @@ class UploadAssembly:
                 {BLOB_DIGEST: d.hash},
             )
         buf.append(data)
+        self._sha256.update(data)
         if buf.written < current.size_bytes:
             return None
-        done = CompleteBlob(current, buf)
+        done = CompleteBlob(current, buf, self._sha256.hexdigest())
         self._current, self._buf = None, None
         self._inflight.release(current.size_bytes)
         return done
 
     def commit(self, blob: CompleteBlob) -> None:
         """Verify and store a completed blob (its buffer is handed to the store, no copy).
+        The hash computed as its chunks arrived verifies it when it matches; otherwise the
+        store hashes the bytes and says why it refuses them.
 
         Raises:
             ServiceError: DIGEST_MISMATCH, the bytes do not hash to the digest.
         """
+        hashed = blob.sha256 == blob.digest.hash  # (an empty digest hash is never valid)
         try:
-            self._blobs.put(blob.digest.hash, blob.digest.size_bytes, blob.data)
+            self._blobs.put(blob.digest.hash, blob.digest.size_bytes, blob.data, hashed=hashed)
         except DigestMismatch as e:
             raise ServiceError(
                 Reason.DIGEST_MISMATCH, str(e), {BLOB_DIGEST: blob.digest.hash}
