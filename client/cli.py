@@ -535,8 +535,9 @@ def _partition_or_lower(args: argparse.Namespace, client_of: Callable[[], LowerC
     if not report_only:
         pte = result.pte or b""
         Path(args.output).write_bytes(pte)
-        output = {"path": args.output, "bytes": len(pte),
-                  "sha256": hashlib.sha256(pte).hexdigest()}
+        # (the digest the server sent, which the bytes received matched: not hashed again)
+        sha256 = result.pte_digest.hash if result.pte_digest else hashlib.sha256(pte).hexdigest()
+        output = {"path": args.output, "bytes": len(pte), "sha256": sha256}
     if args.report:
         write_report(args.report, saved)
     if args.report_json:

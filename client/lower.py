@@ -25,6 +25,9 @@ class LowerResult:
 
     report: pb.DelegationReport
     pte: bytes | None
+    #: The ``.pte``'s digest, as the server sent it and the bytes received matched (None if
+    #: report-only).
+    pte_digest: pb.Digest | None = None
 
 
 def partitioner_ref(name: str, spec: Mapping[str, SpecScalar] | None = None) -> pb.PartitionerRef:
@@ -137,17 +140,20 @@ class LowerClient:
         first: pb.LowerResponse | None = None
         parts: list[bytes] = []
         size = 0
+        sha256 = hashlib.sha256()  # fed as the chunks arrive, between them
         try:
             for message in self.stub.Lower(request, timeout=self.timeout, metadata=self.metadata):
                 if first is None:
                     first = message
-                if message.data:
+                data = message.data  # (each read of a bytes field is a copy: one here)
+                if data:
                     if message.offset != size:
                         raise RemotePartitionerError(
                             f"the .pte chunk at {message.offset} arrived, expected {size}"
                         )
-                    parts.append(message.data)
-                    size += len(message.data)
+                    parts.append(data)
+                    sha256.update(data)
+                    size += len(data)
         except grpc.RpcError as e:
             exc = from_rpc_error(e)
             raise exc from exc.__cause__
@@ -155,13 +161,9 @@ class LowerClient:
             raise RemotePartitionerError("the server sent no response")
         if request.options.report_only:
             return LowerResult(first.report, None)
-        pte = b"".join(parts)
-        if (
-            hashlib.sha256(pte).hexdigest() != first.pte.hash
-            or len(pte) != first.pte.size_bytes
-        ):
+        if sha256.hexdigest() != first.pte.hash or size != first.pte.size_bytes:
             raise RemotePartitionerError(
                 "the .pte received does not match the digest the server sent",
                 grpc.StatusCode.DATA_LOSS,
             )
-        return LowerResult(first.report, pte)
+        return LowerResult(first.report, b"".join(parts), first.pte)
