@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import mmap
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import grpc
@@ -17,6 +20,13 @@ from executorch.exir import to_edge_transform_and_lower
 
 from remote_partitioner.client.errors import PartitionerNotFoundError, RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
+from remote_partitioner.proto.digests import digest_of
+from remote_partitioner.proto.errors import ServiceError
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server.blobstore import BlobStore
+from remote_partitioner.server.blobstore.base import Blob
+from remote_partitioner.server.pt2 import read_pt2
+from remote_partitioner.server.uploads import ByteBudget, UploadAssembly
 
 
 class _Net(torch.nn.Module):
@@ -51,6 +61,7 @@ def test_lower_gives_the_local_pte_and_a_report(server_address: str, archive: by
     with LowerClient(server_address, timeout=600) as client:
         result = client.lower(archive, [partitioner_ref("xnnpack")])
     assert result.pte == _local_pte(archive)
+    assert result.pte_digest == digest_of(result.pte)  # (what the command line prints)
     (method,) = result.report.methods
     assert method.method == "forward"
     (xnn,) = method.delegated
@@ -58,6 +69,105 @@ def test_lower_gives_the_local_pte_and_a_report(server_address: str, archive: by
     cpu = {op.op: op.count for op in method.cpu_ops}
     assert cpu.get("aten.cumsum.default") == 1, cpu
     assert method.total_nodes == xnn.nodes + sum(cpu.values())
+
+
+class _Wide(torch.nn.Module):
+    """2 MiB of weights: its archive is stored in a memory file (MEMORY_FILE_MIN_BYTES) and
+    read through a private writable mapping, whose payloads the program's tensors share."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(512, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(torch.relu(self.fc(x)), dim=1)
+
+
+def _wide_archive() -> bytes:
+    torch.manual_seed(1)
+    ep = torch.export.export(_Wide().eval(), (torch.randn(2, 512),), strict=True)
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+def test_lower_of_an_archive_read_in_place_gives_the_local_pte(server_address: str) -> None:
+    archive = _wide_archive()
+    assert len(archive) > 2 << 20
+    with LowerClient(server_address, timeout=600) as client:
+        result = client.lower(archive, [partitioner_ref("xnnpack")])
+    assert result.pte == _local_pte(archive)
+
+
+def _address(buffer: mmap.mmap) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns of a buffer it may not write to)
+        return torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()
+
+
+def _storage_within(t: torch.Tensor, start: int, nbytes: int) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return start <= ptr < start + nbytes
+
+
+def test_read_pt2_shares_a_writable_archive_and_copies_a_read_only_one(tmp_path: Path) -> None:
+    archive = _wide_archive()
+    expected = torch.export.load(io.BytesIO(archive)).state_dict  # trusted: written here
+    # Both page-aligned (as the blob store's mappings are): one writable, one read-only.
+    writable = mmap.mmap(-1, len(archive))
+    writable[:] = archive
+    (tmp_path / "model.pt2").write_bytes(archive)
+    with open(tmp_path / "model.pt2", "rb") as f:
+        read_only = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    shared = read_pt2(memoryview(writable))["model"].state_dict
+    copied = read_pt2(memoryview(read_only))["model"].state_dict
+    assert shared.keys() == copied.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(shared[name], tensor) and torch.equal(copied[name], tensor), name
+        assert _storage_within(shared[name], _address(writable), len(archive)), name
+        assert not _storage_within(copied[name], _address(read_only), len(archive)), name
+        copied[name].data.add_(1)  # its own memory
+
+
+class _RecordingStore(BlobStore):
+    """The in-memory store, recording how each blob was verified."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed: list[bool] = []
+
+    def put(self, hash_: str, size: int, data: Blob, *, hashed: bool = False) -> None:
+        self.hashed.append(hashed)
+        super().put(hash_, size, data, hashed=hashed)
+
+
+def _upload(store: BlobStore, digest: pb.Digest, data: bytes) -> None:
+    assembly = UploadAssembly(store, lambda d, what: None, ByteBudget(1 << 30, 1.0))
+    try:
+        for offset in range(0, len(data), 1 << 20):
+            done = assembly.feed(pb.UploadBlobsRequest(
+                digest=digest, offset=offset, data=data[offset : offset + (1 << 20)]))
+            if done is not None:
+                assembly.commit(done)
+        assembly.finish()
+    finally:
+        assembly.discard()
+
+
+def test_an_upload_is_verified_as_its_chunks_arrive() -> None:
+    data = os.urandom(3 << 20)
+    digest = digest_of(data)
+    store = _RecordingStore()
+    _upload(store, digest, data)
+    # Hashed chunk by chunk as it arrived: the store is not asked to hash it whole again.
+    assert store.hashed == [True] and store.get(digest.hash) == data
+    bad = bytearray(data)
+    bad[-1] ^= 1
+    with pytest.raises(ServiceError) as e:
+        _upload(store, digest_of(os.urandom(len(data))), bytes(bad))
+    assert e.value.reason == "DIGEST_MISMATCH"
+    assert len(store) == 1
 
 
 @pytest.mark.slow  # a lowering on the server (> 5 s)
@@ -98,6 +208,7 @@ def test_cli_lower_partition_list(server_address: str, archive: bytes, tmp_path:
                 "--target", server_address)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.read_bytes() == _local_pte(archive)
+    assert f"sha256 {hashlib.sha256(out.read_bytes()).hexdigest()}" in done.stdout
     assert "XnnpackBackend" in done.stdout
     done = _cli("partition", str(model), "--partitioner", "xnnpack", "--spec",
                 "per_op_mode=false", "--target", server_address, "--json")
