@@ -437,8 +437,8 @@ def remote_only(name: str, target: str, server_pid: int, runs: int,
 
 
 def make_archive(name: str, path: str, server_pid: int | None) -> dict[str, Any]:
-    """``torch.export.save`` of ``name`` to ``path`` unless it exists (and of a small model to
-    ``small.pt2`` beside it), then one local lowering of the archive as read back
+    """``torch.export.save`` of ``name`` to ``path`` unless it exists (and of three small
+    models to ``small0.pt2``... beside it), then one local lowering of the archive as read back
     (``torch.export.load``, timed apart): what the server's ``Lower`` does with it."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -455,9 +455,13 @@ def make_archive(name: str, path: str, server_pid: int | None) -> dict[str, Any]
         del ep
     small = torch.export.export(torch.nn.Linear(3, 5).eval(), (torch.randn(1, 3),), strict=True)
     _lower(small, XnnpackPartitioner())
-    small_path = Path(path).with_name("small.pt2")
-    if not small_path.exists():  # each new server's warm-up (lower_case)
-        torch.export.save(small, str(small_path))
+    for i in range(3):  # each new server's warm-up (lower_case): its own, so that none hits
+        small_path = Path(path).with_name(f"small{i}.pt2")
+        if not small_path.exists():
+            torch.manual_seed(i)
+            torch.export.save(torch.export.export(torch.nn.Linear(3, 5).eval(),
+                                                  (torch.randn(1, 3),), strict=True),
+                              str(small_path))
     clock = measure.CpuClock(server_pid)
     a = clock.read()
     ep = torch.export.load(path)
@@ -916,12 +920,13 @@ def lower_case(name: str, repeat: int) -> dict[str, Any]:
     lowers a small archive (its one-time costs: imports, operator registration), as the other
     cases' client processes do."""
     with tempfile.TemporaryDirectory(prefix="bench-lower-") as tmp:
-        path, small, blobs = f"{tmp}/{name}.pt2", f"{tmp}/small.pt2", f"{tmp}/blobs"
+        path, blobs = f"{tmp}/{name}.pt2", f"{tmp}/blobs"
+        small = [f"{tmp}/small{i}.pt2" for i in range(3)]
         Path(blobs).mkdir()
         with served("--blob-dir", blobs, metrics=True) as a:
             archive = ["--archive", name, "--path", path, "--server-pid", str(a.pid)]
             local = [_run_child(archive, f"{name}'s archive")]
-            _cli_lower(small, a, "server warm-up")
+            _cli_lower(small[0], a, "server warm-up")
             cold = _cli_lower(path, a, "cold")
             again: list[dict[str, Any]] = []
             for _ in range(repeat):
@@ -929,10 +934,10 @@ def lower_case(name: str, repeat: int) -> dict[str, Any]:
                 if len(local) < repeat:
                     local.append(_run_child(archive, f"{name}'s archive"))
             with served("--blob-dir", blobs, metrics=True) as b:
-                _cli_lower(small, b, "replica warm-up")
+                _cli_lower(small[1], b, "replica warm-up")
                 replica = _cli_lower(path, b, "again on a replica sharing --blob-dir")
         with served("--blob-dir", blobs, metrics=True) as c:
-            _cli_lower(small, c, "restarted server warm-up")
+            _cli_lower(small[2], c, "restarted server warm-up")
             restarted = _cli_lower(path, c, "again after a restart on --blob-dir")
     first = local[0]
     runs = {"local": _samples([r["run"] for r in local]), "cold": cold,
