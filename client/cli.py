@@ -18,20 +18,20 @@ as one JSON object on stderr: ``{"error": {"exit_code", "kind", "code", "reason"
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import io
 import json
 import math
 import os
 import re
+import stat
 import sys
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import grpc
 from google.protobuf import descriptor, json_format
@@ -321,6 +321,38 @@ def read_archive(path: str) -> bytes:
 # -------------------------------------------------------------------------------- output
 
 @contextmanager
+def _pte_file(path: str | None) -> Iterator[IO[bytes] | None]:
+    """The file the ``.pte`` is written to as it arrives: a temporary file beside ``path``
+    (beside the file a symbolic link names), renamed to it once the block ends without an
+    error (the ``.pte`` whole and verified), removed otherwise; ``path`` is never left half
+    written. None (the ``.pte`` is kept in memory and written after) without a path, or when
+    it names something other than a regular file (``/dev/null``, a pipe)."""
+    if path is None:
+        yield None
+        return
+    target = os.path.realpath(path)
+    existing = os.stat(target) if os.path.exists(target) else None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        yield None
+        return
+    tmp = f"{target}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    done = False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        if existing is not None:
+            os.chmod(tmp, stat.S_IMODE(existing.st_mode))  # as writing over it would keep
+        os.replace(tmp, target)
+        done = True
+    finally:
+        if not done:
+            with suppress(OSError):
+                os.unlink(tmp)
+
+
+@contextmanager
 def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     """A progress bar on a terminal (stderr), nothing when piped."""
     if not sys.stderr.isatty():
@@ -524,20 +556,25 @@ def _partition_or_lower(args: argparse.Namespace, client_of: Callable[[], LowerC
             check_writable(path, option)
     archive = read_archive(args.model)
     names = [name for name, _ in plan]
-    with client_of() as client, _progress(len(archive), "upload") as progress:
+    with (
+        client_of() as client,
+        _progress(len(archive), "upload") as progress,
+        _pte_file(None if report_only else args.output) as into,
+    ):
         result = client.lower(
             archive, [partitioner_ref(name, spec) for name, spec in plan],
             report_only=report_only, skip_ir_validity_check=args.skip_ir_validity_check,
-            upload_progress=progress,
+            upload_progress=progress, into=into,
         )
     saved = report_json(result.report, args.model, names)
     output: dict[str, Any] | None = None
     if not report_only:
-        pte = result.pte or b""
-        Path(args.output).write_bytes(pte)
-        # (the digest the server sent, which the bytes received matched: not hashed again)
-        sha256 = result.pte_digest.hash if result.pte_digest else hashlib.sha256(pte).hexdigest()
-        output = {"path": args.output, "bytes": len(pte), "sha256": sha256}
+        if result.pte is not None:  # (not written as it arrived)
+            Path(args.output).write_bytes(result.pte)
+        # The digest the server sent, which the bytes received matched: not hashed again.
+        digest = result.pte_digest
+        assert digest is not None  # (set unless report-only)
+        output = {"path": args.output, "bytes": digest.size_bytes, "sha256": digest.hash}
     if args.report:
         write_report(args.report, saved)
     if args.report_json:

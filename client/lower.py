@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import grpc
 
@@ -24,6 +24,7 @@ class LowerResult:
     """What ``Lower`` returned: the delegation report and the ``.pte`` (None if report-only)."""
 
     report: pb.DelegationReport
+    #: The ``.pte`` (None if report-only, or written to the file ``lower`` was given).
     pte: bytes | None
     #: The ``.pte``'s digest, as the server sent it and the bytes received matched (None if
     #: report-only).
@@ -91,9 +92,14 @@ class LowerClient:
         """The server's hosted partitioners and versions."""
         return self._call(self.stub.ListPartitioners, pb.ListPartitionersRequest())
 
-    def upload(self, data: bytes, progress: Callable[[int], None] | None = None) -> pb.Digest:
-        """Upload ``data`` as a blob unless the server holds it; return its digest."""
-        digest = digest_of(data)
+    def upload(
+        self, data: bytes, progress: Callable[[int], None] | None = None,
+        digest: pb.Digest | None = None,
+    ) -> pb.Digest:
+        """Upload ``data`` as a blob unless the server holds it; return its digest
+        (``digest``, if the caller computed it already)."""
+        if digest is None:
+            digest = digest_of(data)
         upload_missing(self._call, self.stub, [digest], {digest.hash: data}, progress)
         return digest
 
@@ -105,9 +111,14 @@ class LowerClient:
         report_only: bool = False,
         skip_ir_validity_check: bool = False,
         upload_progress: Callable[[int], None] | None = None,
+        into: IO[bytes] | None = None,
     ) -> LowerResult:
         """Upload ``archive`` (a ``torch.export.save`` file) and lower it with
         ``partitioners``; verify the ``.pte`` against the digest the server sent.
+
+        ``into``: a seekable file open for writing, to which the ``.pte`` is written as it
+        arrives, rather than kept in memory (``LowerResult.pte`` is then None). It holds the
+        whole, verified ``.pte`` only when this returns: the caller discards it otherwise.
 
         Raises:
             RemotePartitionerError: (or a subclass, or the exception lowering raised on the
@@ -117,15 +128,20 @@ class LowerClient:
             report_only=report_only, skip_ir_validity_check=skip_ir_validity_check
         )
         missing, waits, progress = 0, 0, upload_progress
+        digest = digest_of(archive)  # (once, whatever the retries)
+        start = into.tell() if into is not None else 0
         while True:
             try:
-                digest = self.upload(archive, progress)
+                self.upload(archive, progress, digest)
                 progress = None  # (reported once)
                 request = pb.LowerRequest(
                     archive=digest, partitioners=partitioners, options=options
                 )
-                return self._receive(request)
+                return self._receive(request, into)
             except RemotePartitionerError as e:
+                if into is not None:
+                    into.seek(start)
+                    into.truncate()
                 if missing == 0 and e.reason == errors.Reason.BLOB_MISSING:
                     missing += 1
                     continue  # evicted between upload and call
@@ -136,7 +152,7 @@ class LowerClient:
                     continue
                 raise
 
-    def _receive(self, request: pb.LowerRequest) -> LowerResult:
+    def _receive(self, request: pb.LowerRequest, into: IO[bytes] | None) -> LowerResult:
         first: pb.LowerResponse | None = None
         parts: list[bytes] = []
         size = 0
@@ -146,12 +162,20 @@ class LowerClient:
                 if first is None:
                     first = message
                 data = message.data  # (each read of a bytes field is a copy: one here)
-                if data:
+                if data and not request.options.report_only:
                     if message.offset != size:
                         raise RemotePartitionerError(
                             f"the .pte chunk at {message.offset} arrived, expected {size}"
                         )
-                    parts.append(data)
+                    if size + len(data) > first.pte.size_bytes:
+                        raise RemotePartitionerError(
+                            f"the .pte is longer than its digest's {first.pte.size_bytes} bytes",
+                            grpc.StatusCode.DATA_LOSS,
+                        )
+                    if into is None:
+                        parts.append(data)
+                    else:
+                        into.write(data)
                     sha256.update(data)
                     size += len(data)
         except grpc.RpcError as e:
@@ -166,4 +190,4 @@ class LowerClient:
                 "the .pte received does not match the digest the server sent",
                 grpc.StatusCode.DATA_LOSS,
             )
-        return LowerResult(first.report, b"".join(parts), first.pte)
+        return LowerResult(first.report, b"".join(parts) if into is None else None, first.pte)
