@@ -7,6 +7,7 @@ import io
 import json
 import mmap
 import os
+import stat
 import subprocess
 import sys
 import warnings
@@ -219,6 +220,43 @@ def test_cli_lower_partition_list(server_address: str, archive: bytes, tmp_path:
     assert done.returncode == 0, done.stderr[-2000:]
     names = {p["name"] for p in json.loads(done.stdout)["partitioners"]}
     assert {"xnnpack", "coreml", "vulkan"} <= names
+
+
+@pytest.mark.slow
+def test_cli_lower_writes_the_pte_whole_or_not_at_all(
+    server_address: str, archive: bytes, tmp_path: Path
+) -> None:
+    model = tmp_path / "model.pt2"
+    model.write_bytes(archive)
+    real = tmp_path / "real.pte"
+    real.write_bytes(b"older")
+    real.chmod(0o640)
+    link = tmp_path / "link.pte"
+    link.symlink_to(real)
+    refused = _cli("lower", str(model), "-o", str(link), "--partitioner", "nope",
+                   "--target", server_address)
+    assert refused.returncode == 1 and real.read_bytes() == b"older"
+    done = _cli("lower", str(model), "-o", str(link), "--partitioner", "xnnpack",
+                "--target", server_address, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    pte = _local_pte(archive)
+    assert link.is_symlink() and real.read_bytes() == pte  # written where the link points
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640  # as writing over it keeps it
+    output = json.loads(done.stdout)["output"]
+    assert output == {"path": str(link), "bytes": len(pte),
+                      "sha256": hashlib.sha256(pte).hexdigest()}
+    # (the .pte went to a temporary file as it arrived: none is left behind)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pte", "model.pt2", "real.pte"]
+
+
+@pytest.mark.slow
+def test_lower_into_a_file(server_address: str, archive: bytes, tmp_path: Path) -> None:
+    with LowerClient(server_address, timeout=600) as client, open(tmp_path / "m.pte", "wb") as f:
+        f.write(b"kept")
+        result = client.lower(archive, [partitioner_ref("xnnpack")], into=f)
+    assert result.pte is None and result.pte_digest is not None
+    written = (tmp_path / "m.pte").read_bytes()
+    assert written[:4] == b"kept" and digest_of(written[4:]) == result.pte_digest
 
 
 def test_cli_exit_codes(server_address: str, archive: bytes, tmp_path: Path) -> None:
