@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -324,17 +325,25 @@ def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
 def test_fast_dataclass_to_dict_writes_what_the_serializers_write(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The codec's faster ``_dataclass_to_dict`` gives every program the graph blobs that
-    torch's and exir's own function give (both dialects, delegates, dynamic shapes, cond)."""
+    """The codec's faster ``_dataclass_to_dict`` (with the process-local ids renumbered in
+    the same pass) and faster schema unions give every program the graph blobs that torch's
+    and exir's own functions give (both dialects, delegates, dynamic shapes, cond)."""
     from executorch.exir.serde import export_serialize
+    from executorch.exir.serde.union import _Union as exir_union
     from torch._export.serde import serialize as tser
+    from torch._export.serde.union import _Union as torch_union
 
-    from remote_partitioner.proto.codec import serializers
+    from remote_partitioner.proto.codec import encode, serializers
 
+    unions = {u: (u.__dict__["create"], u.__dict__["__post_init__"])
+              for u in (torch_union, exir_union)}
     ep = programs()[name]
     fast = codec.encode_program(ep)
+    # The unions are torch's and exir's own again once the encoding is done.
+    assert {u: (u.__dict__["create"], u.__dict__["__post_init__"]) for u in unions} == unions
     originals = {"aten": tser._dataclass_to_dict, "edge": export_serialize._dataclass_to_dict}
     monkeypatch.setattr(serializers, "dataclass_to_dict", originals.__getitem__)
+    monkeypatch.setattr(encode, "fast_unions", contextlib.nullcontext)
     slow = codec.encode_program(ep)
     assert codec.graph_digests(fast.message) is not None
     assert [d.hash for d in codec.graph_digests(fast.message)] == [

@@ -22,7 +22,12 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.proto.codec.fingerprint import fingerprint
 from remote_partitioner.proto.codec.graphs import graph_modules
-from remote_partitioner.proto.codec.serializers import serialize_aten, serialize_edge
+from remote_partitioner.proto.codec.serializers import (
+    REWRITTEN_KEYS,
+    fast_unions,
+    serialize_aten,
+    serialize_edge,
+)
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.program_errors import ProgramEncodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
@@ -129,6 +134,7 @@ _PROCESS_IDS = {
     "from_node": "_canonical_from_node",
     "nn_module_stack": "_canonical_module_stack",
 }
+assert set(_PROCESS_IDS) == REWRITTEN_KEYS  # the one-pass rewrite sees the same keys
 
 
 class Encoder:
@@ -161,6 +167,24 @@ class Encoder:
             self.canonical_graph_ids(tree), cls=encoder_cls, allow_nan=allow_nan
         ).encode("utf-8")
 
+    def schema_json(
+        self, schema_obj: Any, to_dict: Any, encoder_cls: type[json.JSONEncoder], *,
+        allow_nan: bool,
+    ) -> bytes:
+        """The schema object ``schema_obj`` as JSON bytes, as its serializer writes it with
+        its ``_dataclass_to_dict`` ``to_dict``, process-local ids made canonical: in one pass
+        with the codec's :class:`~.serializers.DataclassToDict` (the same result as
+        converting and then :meth:`canonical_graph_ids`), else in two."""
+        from remote_partitioner.proto.codec.serializers import DataclassToDict
+
+        if isinstance(to_dict, DataclassToDict):
+            tree = to_dict.convert(schema_obj, self._canonical_entry)
+            return json.dumps(tree, cls=encoder_cls, allow_nan=allow_nan).encode("utf-8")
+        return self.graph_json(to_dict(schema_obj), encoder_cls, allow_nan=allow_nan)
+
+    def _canonical_entry(self, key: str, value: str) -> str:
+        return getattr(self, _PROCESS_IDS[key])(value)  # type: ignore[no-any-return]
+
     def canonical_graph_ids(self, tree: Any) -> Any:
         """``tree`` with the graph ids of every ``from_node`` string, and the numeric keys of
         every ``nn_module_stack`` string, renumbered 0, 1, 2, ... in order of first appearance
@@ -190,14 +214,19 @@ class Encoder:
         except ValueError:
             return text
 
+        ids = self._graph_ids
+
+        # Depth first, in order; ``json.loads`` builds plain lists and dicts only, so the
+        # scalars of a list are skipped without a call.
         def walk(value: Any) -> None:
-            if isinstance(value, list):
+            if type(value) is list:
                 for v in value:
-                    walk(v)
-            elif isinstance(value, dict):
+                    if type(v) is dict or type(v) is list:
+                        walk(v)
+            elif type(value) is dict:
                 gid = value.get("graph_id")
                 if isinstance(gid, int):
-                    value["graph_id"] = self._graph_ids.setdefault(gid, len(self._graph_ids))
+                    value["graph_id"] = ids.setdefault(gid, len(ids))
                 walk(value.get("from_node"))
 
         walk(sources)
@@ -357,7 +386,8 @@ def encode_program(
     encoder = Encoder(digests, withhold=withhold)
     if not withhold:
         encoder.digests.prefetch([*ep.state_dict.values(), *ep.constants.values()])
-    message = encoder.program(ep)
+    with fast_unions():
+        message = encoder.program(ep)
     return EncodedProgram(
         message=message, blobs=encoder.blobs, withheld_bytes=encoder.withheld_bytes,
     )

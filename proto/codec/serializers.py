@@ -8,9 +8,11 @@ modules and ``get_attr`` tensors are written as references (:data:`LOWERED_MARKE
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +20,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto.codec.pytree_names import return_type_names
+from remote_partitioner.proto.codec.shared_patch import SharedPatch
 from remote_partitioner.proto.program_errors import CodecError, ProgramEncodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
@@ -30,6 +33,15 @@ __all__ = ["GET_ATTR_MARKER", "LOWERED_MARKER", "serialize_aten", "serialize_edg
 LOWERED_MARKER = "remote_partitioner.lowered_module"
 #: The prefix of the string argument that stands for a ``get_attr`` node reading a tensor.
 GET_ATTR_MARKER = "\x00remote_partitioner.get_attr\x00"
+
+
+#: The metadata keys whose string values hold ``id()``s of the exporting process (graphs,
+#: modules), renumbered by :class:`~.encode.Encoder` (``canonical_graph_ids``).
+REWRITTEN_KEYS = frozenset({"from_node", "nn_module_stack"})
+
+#: ``rewrite(key, value)``: the string to write for a string value under one of
+#: :data:`REWRITTEN_KEYS`.
+Rewrite = Callable[[str, str], str]
 
 
 class DataclassToDict:
@@ -51,38 +63,50 @@ class DataclassToDict:
         self._fields: dict[type, tuple[tuple[str, bool], ...] | None] = {}
 
     def __call__(self, obj: Any) -> Any:
+        return self.convert(obj, None)
+
+    def convert(self, obj: Any, rewrite: Rewrite | None) -> Any:
+        """``obj`` as the original writes it; with ``rewrite``, each string value of a dict
+        (a dataclass's too) whose key is in :data:`REWRITTEN_KEYS` is replaced by
+        ``rewrite(key, value)``, in the order the result's dicts and lists are walked
+        depth-first, values inside tuples excepted: what converting and then walking the
+        result (``Encoder.canonical_graph_ids``) does, in one pass."""
         cls = type(obj)
         if cls is str or cls is int or cls is bool or obj is None:
             return obj
         if cls is list:
-            return [self(x) for x in obj]
+            return [self.convert(x, rewrite) for x in obj]
         if cls is dict:
-            return {k: self(v) for k, v in obj.items()}
+            return self._entries(obj.items(), rewrite)
         if cls in self._fields:
             fields = self._fields[cls]
             if fields is None:
                 # What the ``type`` property returns, read directly.
                 tag = object.__getattribute__(obj, "_type")
-                return {tag: self(object.__getattribute__(obj, str(tag)))}
+                return self._entries(
+                    ((tag, object.__getattribute__(obj, str(tag))),), rewrite
+                )
             if self._omit:
-                return {n: self(getattr(obj, n)) for n, none_default in fields
-                        if not (none_default and getattr(obj, n) is None)}
-            return {n: self(getattr(obj, n)) for n, _ in fields}
+                values = [(n, v) for n, none_default in fields
+                          for v in (getattr(obj, n),) if not (none_default and v is None)]
+                return self._entries(values, rewrite)
+            return self._entries([(n, getattr(obj, n)) for n, _ in fields], rewrite)
         # The original's order of checks, for every other type.
         if isinstance(obj, self._union):
             self._fields[cls] = None
-            return self(obj)
+            return self.convert(obj, rewrite)
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             self._fields[cls] = tuple(
                 (f.name, f.default is None) for f in dataclasses.fields(obj)
             )
-            return self(obj)
+            return self.convert(obj, rewrite)
         if isinstance(obj, list):
-            return [self(x) for x in obj]
+            return [self.convert(x, rewrite) for x in obj]
         if isinstance(obj, tuple):
-            return tuple(self(x) for x in obj)
+            # The walk the rewrite stands for does not enter tuples.
+            return tuple(self.convert(x, None) for x in obj)
         if isinstance(obj, dict):
-            return {k: self(v) for k, v in obj.items()}
+            return self._entries(obj.items(), rewrite)
         if self._spell and isinstance(obj, float):
             if obj == math.inf:
                 return "Infinity"
@@ -91,6 +115,95 @@ class DataclassToDict:
             if math.isnan(obj):
                 return "NaN"
         return obj
+
+    def _entries(
+        self, items: Iterable[tuple[Any, Any]], rewrite: Rewrite | None
+    ) -> dict[Any, Any]:
+        out = {}
+        for k, v in items:
+            value = self.convert(v, rewrite)
+            if (
+                rewrite is not None and type(value) is str and type(k) is str
+                and k in REWRITTEN_KEYS
+            ):
+                value = rewrite(k, value)
+            out[k] = value
+        return out
+
+
+def _union_classes() -> list[type]:
+    from executorch.exir.serde.union import _Union as exir_union
+    from torch._export.serde.union import _Union as torch_union
+
+    return [torch_union, exir_union]
+
+
+#: (union base class, its ``create`` and ``__post_init__`` before the block) while installed.
+_replaced: list[tuple[type, Any, Any]] = []
+#: union class -> every field of it set to None (the original computes it on each ``create``)
+_none_fields: dict[type, dict[str, None]] = {}
+#: union classes whose reserved-name check (``__post_init__``) has passed once
+_checked: set[type] = set()
+
+
+def _fast_create(create: Any, tag_cls: Any) -> Any:
+    """``_Union.create`` with the all-None field arguments computed once per class."""
+
+    def fast_create(cls: type, **kwargs: Any) -> Any:
+        if len(kwargs) != 1:
+            return create.__func__(cls, **kwargs)  # raises as the original does
+        nones = _none_fields.get(cls)
+        if nones is None:
+            nones = _none_fields[cls] = {f.name: None for f in dataclasses.fields(cls)}
+        obj = cls(**{**nones, **kwargs})
+        obj._type = tag_cls.create(next(iter(kwargs.keys())), cls)
+        return obj
+
+    return classmethod(fast_create)
+
+
+def _fast_post_init(post_init: Any) -> Any:
+    """``_Union.__post_init__`` run once per class (its check reads the class's fields)."""
+
+    def fast_post_init(self: Any) -> None:
+        cls = type(self)
+        if cls not in _checked:
+            post_init(self)  # raises as the original does
+            _checked.add(cls)
+
+    return fast_post_init
+
+
+def _install_fast_unions() -> None:
+    import sys
+
+    for union in _union_classes():
+        create, post_init = union.__dict__["create"], union.__dict__["__post_init__"]
+        tag_cls = sys.modules[union.__module__]._UnionTag
+        union.create = _fast_create(create, tag_cls)  # type: ignore[attr-defined]
+        union.__post_init__ = _fast_post_init(post_init)  # type: ignore[attr-defined]
+        _replaced.append((union, create, post_init))
+
+
+def _uninstall_fast_unions() -> None:
+    for union, create, post_init in _replaced:
+        union.create = create  # type: ignore[attr-defined]
+        union.__post_init__ = post_init  # type: ignore[attr-defined]
+    _replaced.clear()
+
+
+_fast_unions = SharedPatch(_install_fast_unions, _uninstall_fast_unions)
+
+
+def fast_unions() -> contextlib.AbstractContextManager[None]:
+    """Within the block, the schema unions of torch's and exir's serializers (``_Union``)
+    are built faster, the same objects: ``create`` computes a class's all-None field
+    arguments once per class instead of calling ``dataclasses.fields`` on every value, and
+    ``__post_init__`` checks a class's field names for reserved ones once per class (they
+    depend on the class only). That was a fifth of a program's encoding time; the graph JSON
+    is the same (``tests/test_codec.py`` compares it with the originals'). Visible to every
+    thread while any block runs (:class:`~.shared_patch.SharedPatch`)."""
+    return _fast_unions()
 
 
 _to_dict: dict[str, DataclassToDict] = {}
@@ -142,8 +255,8 @@ def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
                 torch_version=torch.__version__,
                 guards_code=ep._guards_code,
             )
-            return encoder.graph_json(
-                dataclass_to_dict("aten")(serialized), tser.EnumEncoder, allow_nan=False
+            return encoder.schema_json(
+                serialized, dataclass_to_dict("aten"), tser.EnumEncoder, allow_nan=False
             )
     except Exception as e:
         raise ProgramEncodeError(f"torch's serializer failed: {type(e).__name__}: {e}") from e
@@ -252,6 +365,6 @@ def serialize_edge(
         raise ProgramEncodeError(
             f"custom objects {sorted(serializer.custom_objs)} cannot cross the wire"
         )
-    return encoder.graph_json(
-        dataclass_to_dict("edge")(serialized), export_serialize.EnumEncoder, allow_nan=True,
+    return encoder.schema_json(
+        serialized, dataclass_to_dict("edge"), export_serialize.EnumEncoder, allow_nan=True,
     )
