@@ -22,6 +22,7 @@ import importlib.metadata
 import io
 import json
 import math
+import mmap
 import os
 import re
 import stat
@@ -287,26 +288,38 @@ def check_writable(path: str, option: str) -> None:
         raise UsageError(f"{option} {path} cannot be written (no permission)")
 
 
-def read_archive(path: str) -> bytes:
+def read_archive(path: str) -> memoryview:
     """The bytes of the PT2 archive at ``path``, refused early when it is not one: a zip
     file (its central directory read at the end) holding an ``archive_format`` entry, every
     entry inside the file's size and starting with a local header where the directory says.
     Cheap: nothing is decompressed. (``client/node/lib/archive.js`` checks the same.)
 
+    A regular file is mapped, not read into memory (hashed and uploaded from the page cache,
+    with no copy): one truncated while the command runs ends it (SIGBUS), one changed is
+    refused by the server (its bytes no longer match their digest). Anything else (a pipe,
+    ``/dev/stdin``) is read.
+
     Raises:
         UsageError: unreadable, not a zip file, truncated, or a zip file that is not a PT2
             archive.
     """
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
     hint = "write one with torch.export.save(exported_program, 'model.pt2')"
     try:
-        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as e:
-        raise UsageError(f"{path} is not a PT2 archive (not a zip file, or truncated: no zip "
-                         f"directory at its end); {hint}") from e
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            source: IO[bytes] = f
+            if stat.S_ISREG(st.st_mode) and st.st_size:
+                data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            else:
+                raw = f.read()
+                data, source = memoryview(raw), io.BytesIO(raw)  # (BytesIO shares bytes)
+            try:
+                infos = zipfile.ZipFile(source).infolist()  # (its directory only)
+            except (zipfile.BadZipFile, ValueError, EOFError) as e:
+                raise UsageError(f"{path} is not a PT2 archive (not a zip file, or truncated: "
+                                 f"no zip directory at its end); {hint}") from e
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
     if not any(i.filename.rsplit("/", 1)[-1] == "archive_format" for i in infos):
         raise UsageError(f"{path} is a zip file but not a PT2 archive (no archive_format "
                          f"entry); {hint}")

@@ -93,7 +93,7 @@ class LowerClient:
         return self._call(self.stub.ListPartitioners, pb.ListPartitionersRequest())
 
     def upload(
-        self, data: bytes, progress: Callable[[int], None] | None = None,
+        self, data: bytes | memoryview, progress: Callable[[int], None] | None = None,
         digest: pb.Digest | None = None,
     ) -> pb.Digest:
         """Upload ``data`` as a blob unless the server holds it; return its digest
@@ -105,7 +105,7 @@ class LowerClient:
 
     def lower(
         self,
-        archive: bytes,
+        archive: bytes | memoryview,
         partitioners: Sequence[pb.PartitionerRef],
         *,
         report_only: bool = False,
