@@ -250,6 +250,19 @@ def test_cli_lower_writes_the_pte_whole_or_not_at_all(
 
 
 @pytest.mark.slow
+def test_cli_reads_an_archive_from_a_pipe(server_address: str, archive: bytes) -> None:
+    # A regular file is mapped; a pipe cannot be, and is read.
+    done = subprocess.run(
+        [sys.executable, "-m", "remote_partitioner.cli", "partition", "/dev/stdin",
+         "--partitioner", "xnnpack", "--target", server_address, "--json"],
+        input=archive, capture_output=True, timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["methods"][0]["delegated"][0]["backend_id"] == "XnnpackBackend"
+
+
+@pytest.mark.slow
 def test_lower_into_a_file(server_address: str, archive: bytes, tmp_path: Path) -> None:
     with LowerClient(server_address, timeout=600) as client, open(tmp_path / "m.pte", "wb") as f:
         f.write(b"kept")
