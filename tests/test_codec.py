@@ -306,6 +306,53 @@ def test_same_program_same_bytes_in_every_lowering() -> None:
     assert graphs[0] == graphs[1]
 
 
+_ENCODE_IN_A_PROCESS = """
+import hashlib, json, sys, torch
+from remote_partitioner.proto import codec
+from executorch.exir import to_edge
+
+class MatMul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x, y):
+        return self.relu(torch.mm(x, y)) + self.relu(x)  # relu's second call: "<id>@1"
+
+_ = [object() for _ in range(int(sys.argv[1]))]  # a different heap in each process
+ep = torch.export.export(MatMul(), (torch.ones(3, 3), torch.ones(3, 3)), strict=True)
+sources = [json.dumps(f.to_dict()) for n in ep.graph.nodes for f in n.meta.get("from_node", [])]
+assert any(" at 0x" in s for s in sources), sources  # there are addresses to renumber
+stacks = [str(n.meta.get("nn_module_stack")) for n in ep.graph.nodes]
+assert any("@1" in s for s in stacks), stacks
+for p in (ep, to_edge(ep).exported_program()):
+    e = codec.encode_program(p, withhold=True)
+    message = e.message.SerializeToString(deterministic=True)
+    print(e.message.graph.hash, hashlib.sha256(message).hexdigest())
+"""
+
+
+@pytest.mark.slow  # two fresh processes (about 20 s)
+def test_same_program_same_bytes_in_every_process() -> None:
+    """A builtin's ``repr`` in ``from_node`` names its address (``<built-in method mm of type
+    object at 0x7f...>``), and a module called again is ``<its id>@1`` in ``nn_module_stack``:
+    both differ from process to process. Renumbered, the same model exported in two processes
+    sends the same graph blobs and program messages, so that a warm server's blobs and cached
+    answers serve a new client process too."""
+    import subprocess
+    import sys
+
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", _ENCODE_IN_A_PROCESS, str(n)], capture_output=True,
+            text=True, timeout=300, check=True,
+        ).stdout
+        for n in (0, 100_000)
+    ]
+    assert len(outs[0].split()) == 4
+    assert outs[0] == outs[1]
+
+
 def test_writable_blobs_are_shared_read_only_blobs_copied() -> None:
     ep = programs()["aten"]
     encoded = codec.encode_program(ep)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import operator
 import os
+import re
 import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,9 @@ _PROCESS_IDS = {
 }
 assert set(_PROCESS_IDS) == REWRITTEN_KEYS  # the one-pass rewrite sees the same keys
 
+#: An object's address as its default ``repr`` writes it (``<... at 0x7f3a...>``).
+_ADDRESS = re.compile(r" at 0x([0-9a-fA-F]+)>")
+
 
 class Encoder:
     """Encodes one program and the original programs of its lowered modules, collecting the
@@ -157,6 +161,9 @@ class Encoder:
         self._graph_ids: dict[int, int] = {}
         # numeric ``nn_module_stack`` keys (addresses of this process's modules) -> 0, 1, ...
         self._module_ids: dict[str, str] = {}
+        # object addresses in ``from_node`` targets (``<built-in method mm of type object at
+        # 0x7f...>``: the repr of a builtin the graph called) -> 0, 1, 2, ...
+        self._addresses: dict[str, int] = {}
 
     def graph_json(
         self, tree: Any, encoder_cls: type[json.JSONEncoder], *, allow_nan: bool
@@ -186,15 +193,17 @@ class Encoder:
         return getattr(self, _PROCESS_IDS[key])(value)  # type: ignore[no-any-return]
 
     def canonical_graph_ids(self, tree: Any) -> Any:
-        """``tree`` with the graph ids of every ``from_node`` string, and the numeric keys of
-        every ``nn_module_stack`` string, renumbered 0, 1, 2, ... in order of first appearance
-        in this encoding.
+        """``tree`` with the graph ids and the object addresses in targets of every
+        ``from_node`` string, and the numeric keys of every ``nn_module_stack`` string,
+        renumbered 0, 1, 2, ... in order of first appearance in this encoding.
 
-        Both are ``id()``s of objects of the exporting process (graphs, modules): memory
-        addresses that change from run to run and mean nothing elsewhere. Only which nodes
-        share one is read (ExecuTorch's debug handles group nodes by graph id), and renumbering
-        keeps that, while the same program now encodes to the same bytes in every process, so
-        that its blobs and cached results are found again.
+        All are ``id()``s of objects of the exporting process (graphs, modules, the builtin a
+        node called, whose ``repr`` names its address: ``<built-in method mm of type object
+        at 0x7f...>``): memory addresses that change from run to run and mean nothing
+        elsewhere. Only which nodes share one is read (ExecuTorch's debug handles group nodes
+        by graph id), and renumbering keeps that (distinct ids stay distinct), while the same
+        program now encodes to the same bytes in every process, so that its blobs and cached
+        results are found again.
         """
         if isinstance(tree, dict):
             for k, v in tree.items():
@@ -227,18 +236,28 @@ class Encoder:
                 gid = value.get("graph_id")
                 if isinstance(gid, int):
                     value["graph_id"] = ids.setdefault(gid, len(ids))
+                target = value.get("target")
+                if type(target) is str and " at 0x" in target:
+                    value["target"] = _ADDRESS.sub(self._canonical_address, target)
                 walk(value.get("from_node"))
 
         walk(sources)
         return json.dumps(sources)
 
+    def _canonical_address(self, match: re.Match[str]) -> str:
+        address = match.group(1).lower()
+        number = self._addresses.setdefault(address, len(self._addresses))
+        return f" at 0x{number:x}>"
+
     def _canonical_module_stack(self, text: str) -> str:
-        # "key,path,type;key,path,type": a strict export's keys are module addresses.
+        # "key,path,type;key,path,type": a strict export's keys are module addresses, or
+        # "address@n" for the n-th further call of one module.
         items = []
         for item in text.split(";"):
             key, sep, rest = item.partition(",")
-            if sep and key.isdigit():
-                key = self._module_ids.setdefault(key, str(len(self._module_ids)))
+            address, at, call = key.partition("@")
+            if sep and address.isdigit() and (not at or call.isdigit()):
+                key = self._module_ids.setdefault(address, str(len(self._module_ids))) + at + call
             items.append(key + sep + rest)
         return ";".join(items)
 
