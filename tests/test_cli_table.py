@@ -392,3 +392,42 @@ def test_a_closed_stdout_ends_quietly(target: str) -> None:
         finally:
             os.close(write)
         assert (done.returncode, done.stderr) == (1, ""), f"{name}: {done.stderr[-3000:]}"
+
+
+def test_both_clis_write_the_pte_the_same_way(target: str, inputs: Path, tmp_path: Path) -> None:
+    """``lower -o`` through a symbolic link writes the file it names and keeps the link and
+    the file's mode; ``-o`` of a named pipe writes into the pipe and leaves it a pipe; no
+    temporary file is left: in both CLIs, with the same bytes."""
+    ptes: dict[str, bytes] = {}
+    for name, cmd in _commands().items():
+        work = tmp_path / name
+        (work / "real").mkdir(parents=True)
+        real = work / "real" / "model.pte"
+        real.write_bytes(b"old")
+        real.chmod(0o640)
+        (work / "link.pte").symlink_to(Path("real") / "model.pte")
+        (work / "dangling.pte").symlink_to(Path("real") / "new.pte")
+        pipe = work / "pipe.pte"
+        os.mkfifo(pipe)
+        # The pipe's reader, a process (killable while it waits in open() for a writer).
+        with (work / "piped").open("wb") as piped:
+            reader = subprocess.Popen(["cat", str(pipe)], stdout=piped)
+        try:
+            for out in ("link.pte", "dangling.pte", "pipe.pte"):
+                done = _run([*cmd, "lower", str(inputs / "model.pt2"), "-o", out,
+                             "--partitioner", "xnnpack", "--target", target], work)
+                assert done.returncode == 0, f"{name} -o {out}: {done.stderr[-3000:]}"
+            assert reader.wait(timeout=60) == 0, name
+        finally:
+            reader.kill()
+            reader.wait()
+        assert (work / "piped").read_bytes() == real.read_bytes(), name
+        (work / "piped").unlink()
+        assert (work / "link.pte").is_symlink() and (work / "dangling.pte").is_symlink()
+        assert (work / "pipe.pte").is_fifo(), name
+        assert oct(real.stat().st_mode & 0o7777) == oct(0o640), name
+        assert (work / "real" / "new.pte").read_bytes() == real.read_bytes(), name
+        assert sorted(p.name for p in work.rglob("*")) == [
+            "dangling.pte", "link.pte", "model.pte", "new.pte", "pipe.pte", "real"], name
+        ptes[name] = real.read_bytes()
+    assert ptes["python"] == ptes["node"] and ptes["python"][4:8] == b"ET12"

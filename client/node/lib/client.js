@@ -161,6 +161,34 @@ export function serviceConstructor() {
 }
 
 /** An error of this client (not of the server). `exitCode` is what the CLI exits with. */
+/**
+ * Where the .pte for `outputPath` goes: the file it names through symbolic links (as Python's
+ * os.path.realpath: a missing file's directory resolved, a dangling link followed), whether it
+ * is (or will be) a regular file, and an existing regular file's mode (else null).
+ */
+async function pteTarget(outputPath) {
+  let target = path.resolve(outputPath);
+  for (let hops = 0; hops < 40; hops += 1) {
+    let st;
+    try {
+      st = await fs.promises.lstat(target);
+    } catch (e) {
+      if (e.code !== 'ENOENT') throw e;
+      const dir = await fs.promises.realpath(path.dirname(target)).catch(() => path.dirname(target));
+      return { target: path.join(dir, path.basename(target)), regular: true, mode: null };
+    }
+    if (st.isSymbolicLink()) {
+      target = path.resolve(path.dirname(target), await fs.promises.readlink(target));
+      continue;
+    }
+    const real = await fs.promises.realpath(target);
+    return st.isFile()
+      ? { target: real, regular: true, mode: st.mode & 0o7777 }
+      : { target: real, regular: false, mode: null };
+  }
+  throw new ClientError(`${outputPath}: too many levels of symbolic links`);
+}
+
 export class ClientError extends Error {
   constructor(message, exitCode = 1) {
     super(message);
@@ -451,7 +479,12 @@ export class RemotePartitionerClient {
     let received = 0;
     let hash = null;
     let fh = null;
-    const tmp = outputPath ? `${outputPath}.tmp-${process.pid}` : null;
+    // As the Python CLI: the .pte goes to a temporary file beside the file `outputPath` names
+    // (through symbolic links), renamed over it once whole and verified, with an existing
+    // file's mode; an output that is not a regular file (/dev/null, a pipe) is written after.
+    const out = outputPath && !request.options.report_only ? await pteTarget(outputPath) : null;
+    const tmp = out && out.regular ? `${out.target}.tmp-${process.pid}` : null;
+    const held = [];
     let ok = false;
     try {
       let first = true;
@@ -461,14 +494,14 @@ export class RemotePartitionerClient {
           report = msg.report;
           if (msg.pte && !request.options.report_only) {
             pte = { hash: msg.pte.hash, size_bytes: Number(msg.pte.size_bytes) };
-            if (tmp === null) throw new ClientError('no output path for the .pte');
-            fh = await fs.promises.open(tmp, 'w');
+            if (out === null) throw new ClientError('no output path for the .pte');
+            if (tmp !== null) fh = await fs.promises.open(tmp, 'w');
             hash = createHash('sha256');
           }
         }
         const data = msg.data;
         if (data && data.length > 0) {
-          if (fh === null) throw new ClientError('the server sent .pte bytes without a digest');
+          if (hash === null) throw new ClientError('the server sent .pte bytes without a digest');
           if (Number(msg.offset) !== received) {
             throw new ClientError(`.pte chunk at offset ${msg.offset}, expected ${received}`);
           }
@@ -476,7 +509,8 @@ export class RemotePartitionerClient {
             throw new ClientError(`the .pte is longer than its digest's ${pte.size_bytes} bytes`);
           }
           hash.update(data);
-          await fh.write(data);
+          if (fh !== null) await fh.write(data);
+          else held.push(data);
           received += data.length;
         }
       }
@@ -489,9 +523,14 @@ export class RemotePartitionerClient {
         if (got !== pte.hash) {
           throw new ClientError(`the .pte's SHA-256 is ${got}, its digest says ${pte.hash}`);
         }
-        await fh.close();
-        fh = null;
-        await fs.promises.rename(tmp, outputPath);
+        if (fh !== null) {
+          if (out.mode !== null) await fh.chmod(out.mode);
+          await fh.close();
+          fh = null;
+          await fs.promises.rename(tmp, out.target);
+        } else {
+          await fs.promises.writeFile(out.target, Buffer.concat(held));
+        }
       } else if (!request.options.report_only) {
         throw new ClientError('the server sent no .pte digest');
       }
