@@ -89,7 +89,7 @@ def lower(
             )
         except hooks.PartitionerRaised as e:
             raise partitioner_raised(e.remote) from e
-    report = _report_message(methods)
+    report = report_message(methods)
     digest = digest_of(pte) if pte is not None else None
     return Lowered(report, digest, pte, key)
 
@@ -114,7 +114,7 @@ def remember(instance: PartitionerInstance, lowered: Lowered) -> None:
         logger.exception("a lowering's answer was not kept in the result cache")
 
 
-def _report_message(methods: Iterable[Any]) -> pb.DelegationReport:
+def report_message(methods: Iterable[Any]) -> pb.DelegationReport:
     """``lowering.MethodReport``s as a DelegationReport message."""
     out = pb.DelegationReport()
     for m in methods:
@@ -152,4 +152,4 @@ def _cached(
     return Lowered(cached.report, pte_digest, held[0] if held else None, key, cached=True)
 
 
-__all__ = ["Lowered", "lower", "remember"]
+__all__ = ["Lowered", "lower", "remember", "report_message"]

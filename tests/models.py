@@ -40,6 +40,18 @@ def small_models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]
     }
 
 
+class MlpCumsum(torch.nn.Module):
+    """Linear, ReLU, Linear, then a cumsum XNNPACK leaves on the CPU (input: (2, 8))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(self.fc2(torch.relu(self.fc1(x))), dim=1)
+
+
 class Mlp16(torch.nn.Module):
     """16 features in, 32 hidden, 8 out."""
 

@@ -208,7 +208,7 @@ def two_partitioner_report() -> dict[str, Any]:
     from google.protobuf import json_format
 
     from remote_partitioner.server import lowering
-    from remote_partitioner.server.instance import _report_message
+    from remote_partitioner.server.lower_call import report_message
 
     torch.manual_seed(0)
     ep = torch.export.export(SmallModel().eval(), (torch.randn(2, 8),), strict=False)
@@ -217,7 +217,7 @@ def two_partitioner_report() -> dict[str, Any]:
         report_only=True,
     )
     report: dict[str, Any] = json_format.MessageToDict(
-        _report_message(methods), preserving_proto_field_name=True
+        report_message(methods), preserving_proto_field_name=True
     )
     return report
 

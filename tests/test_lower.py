@@ -18,6 +18,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from models import MlpCumsum  # (tests/ is on sys.path)
 
 from remote_partitioner.client.errors import PartitionerNotFoundError, RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
@@ -30,21 +31,10 @@ from remote_partitioner.server.pt2 import read_pt2
 from remote_partitioner.server.uploads import ByteBudget, UploadAssembly
 
 
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # cumsum is not delegated to XNNPACK: something stays on the CPU.
-        return torch.cumsum(self.fc2(torch.relu(self.fc1(x))), dim=1)
-
-
 @pytest.fixture(scope="module")
 def archive() -> bytes:
     torch.manual_seed(0)
-    ep = torch.export.export(_Net().eval(), (torch.randn(2, 8),), strict=True)
+    ep = torch.export.export(MlpCumsum().eval(), (torch.randn(2, 8),), strict=True)
     buffer = io.BytesIO()
     torch.export.save(ep, buffer)
     return buffer.getvalue()

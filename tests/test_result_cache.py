@@ -22,6 +22,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from models import MlpCumsum  # (tests/ is on sys.path)
 from servers import inproc_server, launch, served
 
 from remote_partitioner.client import RemotePartitioner
@@ -38,20 +39,9 @@ _METRICS_URL = re.compile(r"metrics on (http://\S+/metrics)")
 _LOOKUPS = re.compile(r'^remote_partitioner_result_cache_lookups\{result="(\w+)"\} (\S+)$', re.M)
 
 
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # cumsum is not delegated to XNNPACK: something stays on the CPU.
-        return torch.cumsum(self.fc2(torch.relu(self.fc1(x))), dim=1)
-
-
 def _export() -> torch.export.ExportedProgram:
     torch.manual_seed(0)
-    return torch.export.export(_Net().eval(), (torch.randn(2, 8),), strict=True)
+    return torch.export.export(MlpCumsum().eval(), (torch.randn(2, 8),), strict=True)
 
 
 @pytest.fixture(scope="module")
