@@ -173,6 +173,8 @@ _LOCAL_WORK = threading.Lock()
 #: The calls the clients are waiting on now: request id -> lowering.
 _OUTSTANDING: dict[str, int] = {}
 _OUTSTANDING_LOCK = threading.Lock()
+#: The calls whose wait (on the frozen replica) decided the moment of the kill (debugging).
+_TRIGGER: list[str] = []
 #: A test request id: ``l<lowering>-<n>``.
 _CALL_ID = re.compile(r"l(\d+)-\d+")
 
@@ -302,9 +304,11 @@ def _kill_mid_run(
                 frozen_until = time.monotonic() + 20
                 while time.monotonic() < frozen_until:
                     with _OUTSTANDING_LOCK:
-                        if any(lowering in served and call_id not in logged
-                               for call_id, lowering in _OUTSTANDING.items()):
-                            break
+                        waiting = [call_id for call_id, lowering in _OUTSTANDING.items()
+                                   if lowering in served and call_id not in logged]
+                    if waiting:
+                        _TRIGGER[:] = waiting
+                        break
                     time.sleep(0.01)
                 killed_at = time.monotonic()
                 r.proc.send_signal(signal.SIGKILL)
@@ -366,10 +370,12 @@ def _run_with_a_kill(
                  if any(r is killed for r, _ in where)}
     # In flight across the kill, for a lowering the killed replica served, answered by a
     # survivor: gRPC's retry policy sent it again (or its first pick found the replica gone).
+    # The survivor's answer may be any code it logged: BLOB_MISSING (FAILED_PRECONDITION) for
+    # a hook whose blobs went to the killed replica, which the client then uploads again.
     failed_over = [
         i for i, rec in run.calls.items()
-        if rec.code == "OK" and rec.start < killed_at < rec.end and rec.lowering in on_killed
-        and all(r is not killed for r, _ in logged.get(i, []))
+        if rec.start < killed_at < rec.end and rec.lowering in on_killed
+        and [c for r, c in logged.get(i, []) if r is not killed] == [rec.code]
     ] if affinity else []  # (without affinity, which replica a call went to is unknown)
     # Lowerings the killed replica served that still had calls to make: they failed over.
     moved = {rec.lowering for rec in run.calls.values()
@@ -402,7 +408,11 @@ def _run_with_a_kill(
         # The replica was killed with a hook call in flight for a lowering it served: that
         # call was completed on a survivor, by gRPC's retry policy (before the replica's
         # response headers reached the client) or by the client after UNAVAILABLE.
-        assert failed_over or cut, f"no call in flight on the killed replica: {summary}"
+        trigger = {i: (run.calls.get(i), [(r.address, c) for r, c in logged.get(i, [])])
+                   for i in _TRIGGER}
+        assert failed_over or cut, (
+            f"no call in flight on the killed replica: {summary}; killed at {killed_at}, "
+            f"the calls it was killed for: {trigger}")
     assert moved, f"no lowering the killed replica served had calls left: {summary}"
     assert all(r.proc.poll() is None for r in reps if r is not killed), "a survivor died"
     return totals
