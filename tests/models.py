@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import torch
 
 
@@ -40,16 +42,18 @@ def small_models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]
     }
 
 
-class MlpCumsum(torch.nn.Module):
-    """Linear, ReLU, Linear, then a cumsum XNNPACK leaves on the CPU (input: (2, 8))."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
+class MlpCumsum(_Mlp):
+    """The small MLP, then a cumsum XNNPACK leaves on the CPU (input: (2, 8))."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(self.fc2(torch.relu(self.fc1(x))), dim=1)
+        return torch.cumsum(super().forward(x), dim=1)
+
+
+def pt2_bytes(ep: torch.export.ExportedProgram) -> bytes:
+    """``ep``'s PT2 archive (``torch.export.save``), as bytes."""
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    return buffer.getvalue()
 
 
 class Mlp16(torch.nn.Module):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
-from models import MlpCumsum  # (tests/ is on sys.path)
+from models import MlpCumsum, pt2_bytes  # (tests/ is on sys.path)
 
 from remote_partitioner.client.errors import PartitionerNotFoundError, RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
@@ -34,10 +34,9 @@ from remote_partitioner.server.uploads import ByteBudget, UploadAssembly
 @pytest.fixture(scope="module")
 def archive() -> bytes:
     torch.manual_seed(0)
-    ep = torch.export.export(MlpCumsum().eval(), (torch.randn(2, 8),), strict=True)
-    buffer = io.BytesIO()
-    torch.export.save(ep, buffer)
-    return buffer.getvalue()
+    return pt2_bytes(
+        torch.export.export(MlpCumsum().eval(), (torch.randn(2, 8),), strict=True)
+    )
 
 
 def _local_pte(archive: bytes) -> bytes:
@@ -76,10 +75,7 @@ class _Wide(torch.nn.Module):
 
 def _wide_archive() -> bytes:
     torch.manual_seed(1)
-    ep = torch.export.export(_Wide().eval(), (torch.randn(2, 512),), strict=True)
-    buffer = io.BytesIO()
-    torch.export.save(ep, buffer)
-    return buffer.getvalue()
+    return pt2_bytes(torch.export.export(_Wide().eval(), (torch.randn(2, 512),), strict=True))
 
 
 @pytest.mark.slow

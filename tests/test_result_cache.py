@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import re
 import time
@@ -22,7 +21,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
-from models import MlpCumsum  # (tests/ is on sys.path)
+from models import MlpCumsum, pt2_bytes  # (tests/ is on sys.path)
 from servers import inproc_server, launch, served
 
 from remote_partitioner.client import RemotePartitioner
@@ -46,9 +45,7 @@ def _export() -> torch.export.ExportedProgram:
 
 @pytest.fixture(scope="module")
 def archive() -> bytes:
-    buffer = io.BytesIO()
-    torch.export.save(_export(), buffer)
-    return buffer.getvalue()
+    return pt2_bytes(_export())
 
 
 @pytest.fixture(scope="module")
