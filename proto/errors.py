@@ -54,6 +54,8 @@ class Reason(str, enum.Enum):
     #: A request message's bytes do not parse as the method's request type (gRPC's
     #: convention: INTERNAL); metadata ``method`` and ``message_type`` name them.
     UNPARSABLE_REQUEST = "UNPARSABLE_REQUEST"
+    #: ``Quantize`` named a quantizer the server does not host; the message lists them.
+    UNKNOWN_QUANTIZER = "UNKNOWN_QUANTIZER"
 
 
 _C = grpc.StatusCode
@@ -83,6 +85,7 @@ STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
         Reason.UNKNOWN_BACKEND: _C.NOT_FOUND,
         Reason.UNPARSABLE_REQUEST: _C.INTERNAL,
         Reason.TENSOR_DATA_REQUIRED: _C.FAILED_PRECONDITION,
+        Reason.UNKNOWN_QUANTIZER: _C.NOT_FOUND,
     }
 )
 

@@ -35,6 +35,19 @@ class RejectionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REJECTION_SOURCE_PARTITIONER: _ClassVar[RejectionSource]
     REJECTION_SOURCE_BACKEND_LOG: _ClassVar[RejectionSource]
     REJECTION_SOURCE_DERIVED: _ClassVar[RejectionSource]
+
+class QuantizeSteps(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUANTIZE_STEPS_UNSPECIFIED: _ClassVar[QuantizeSteps]
+    QUANTIZE_STEPS_ALL: _ClassVar[QuantizeSteps]
+    QUANTIZE_STEPS_ANNOTATE: _ClassVar[QuantizeSteps]
+
+class QuantizeStep(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUANTIZE_STEP_UNSPECIFIED: _ClassVar[QuantizeStep]
+    QUANTIZE_STEP_TRANSFORM: _ClassVar[QuantizeStep]
+    QUANTIZE_STEP_ANNOTATE: _ClassVar[QuantizeStep]
+    QUANTIZE_STEP_VALIDATE: _ClassVar[QuantizeStep]
 SPEC_TYPE_UNSPECIFIED: SpecType
 SPEC_TYPE_BOOL: SpecType
 SPEC_TYPE_INT: SpecType
@@ -52,6 +65,13 @@ REJECTION_SOURCE_UNSPECIFIED: RejectionSource
 REJECTION_SOURCE_PARTITIONER: RejectionSource
 REJECTION_SOURCE_BACKEND_LOG: RejectionSource
 REJECTION_SOURCE_DERIVED: RejectionSource
+QUANTIZE_STEPS_UNSPECIFIED: QuantizeSteps
+QUANTIZE_STEPS_ALL: QuantizeSteps
+QUANTIZE_STEPS_ANNOTATE: QuantizeSteps
+QUANTIZE_STEP_UNSPECIFIED: QuantizeStep
+QUANTIZE_STEP_TRANSFORM: QuantizeStep
+QUANTIZE_STEP_ANNOTATE: QuantizeStep
+QUANTIZE_STEP_VALIDATE: QuantizeStep
 
 class Digest(_message.Message):
     __slots__ = ("hash", "size_bytes")
@@ -352,16 +372,18 @@ class ServerVersions(_message.Message):
     def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
-    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors")
+    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers")
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_WITHHELD_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZERS_FIELD_NUMBER: _ClassVar[int]
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
     versions: ServerVersions
     backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
     accepts_withheld_tensors: bool
-    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ...) -> None: ...
+    quantizers: _containers.RepeatedCompositeFieldContainer[QuantizerInfo]
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., quantizers: _Optional[_Iterable[_Union[QuantizerInfo, _Mapping]]] = ...) -> None: ...
 
 class FindMissingBlobsRequest(_message.Message):
     __slots__ = ("digests",)
@@ -744,3 +766,353 @@ class ExternalNamedData(_message.Message):
     filename: str
     entries: _containers.RepeatedCompositeFieldContainer[NamedDataEntry]
     def __init__(self, filename: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NamedDataEntry, _Mapping]]] = ...) -> None: ...
+
+class QuantizerInfo(_message.Message):
+    __slots__ = ("name", "class_name", "backend_id", "spec_keys", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    class_name: str
+    backend_id: str
+    spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
+    description: str
+    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class QuantizerRef(_message.Message):
+    __slots__ = ("name", "spec")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: _containers.RepeatedCompositeFieldContainer[SpecEntry]
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Iterable[_Union[SpecEntry, _Mapping]]] = ...) -> None: ...
+
+class UnliftTable(_message.Message):
+    __slots__ = ("attrs", "guards", "attribute_names", "fingerprint")
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    GUARDS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    attrs: _containers.RepeatedCompositeFieldContainer[LiftedAttr]
+    guards: GuardsCall
+    attribute_names: _containers.RepeatedScalarFieldContainer[str]
+    fingerprint: str
+    def __init__(self, attrs: _Optional[_Iterable[_Union[LiftedAttr, _Mapping]]] = ..., guards: _Optional[_Union[GuardsCall, _Mapping]] = ..., attribute_names: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class LiftedAttr(_message.Message):
+    __slots__ = ("name", "target", "after", "parameter", "persistent")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    after: str
+    parameter: bool
+    persistent: bool
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., after: _Optional[str] = ..., parameter: _Optional[bool] = ..., persistent: _Optional[bool] = ...) -> None: ...
+
+class GuardsCall(_message.Message):
+    __slots__ = ("name", "target", "after", "args", "impure")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    IMPURE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    after: str
+    args: _containers.RepeatedScalarFieldContainer[str]
+    impure: bool
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., after: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., impure: _Optional[bool] = ...) -> None: ...
+
+class QuantizeRequest(_message.Message):
+    __slots__ = ("quantizer", "program", "program_digest", "unlift", "steps", "rng_state")
+    QUANTIZER_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UNLIFT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    quantizer: QuantizerRef
+    program: Program
+    program_digest: Digest
+    unlift: UnliftTable
+    steps: QuantizeSteps
+    rng_state: bytes
+    def __init__(self, quantizer: _Optional[_Union[QuantizerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., unlift: _Optional[_Union[UnliftTable, _Mapping]] = ..., steps: _Optional[_Union[QuantizeSteps, str]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
+
+class QuantizeResponse(_message.Message):
+    __slots__ = ("transform_edits", "transform_rng_state", "annotate_edits", "annotations", "rng_state", "raised_step", "raised")
+    TRANSFORM_EDITS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORM_RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATE_EDITS_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    RAISED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RAISED_FIELD_NUMBER: _ClassVar[int]
+    transform_edits: GraphEdits
+    transform_rng_state: bytes
+    annotate_edits: GraphEdits
+    annotations: Annotations
+    rng_state: bytes
+    raised_step: QuantizeStep
+    raised: RemoteException
+    def __init__(self, transform_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., transform_rng_state: _Optional[bytes] = ..., annotate_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., annotations: _Optional[_Union[Annotations, _Mapping]] = ..., rng_state: _Optional[bytes] = ..., raised_step: _Optional[_Union[QuantizeStep, str]] = ..., raised: _Optional[_Union[RemoteException, _Mapping]] = ...) -> None: ...
+
+class GraphEdits(_message.Message):
+    __slots__ = ("tensors", "inserted", "changed", "erased", "fingerprint")
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    INSERTED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ERASED_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[NewTensor]
+    inserted: _containers.RepeatedCompositeFieldContainer[InsertedNode]
+    changed: _containers.RepeatedCompositeFieldContainer[ChangedArguments]
+    erased: _containers.RepeatedScalarFieldContainer[str]
+    fingerprint: str
+    def __init__(self, tensors: _Optional[_Iterable[_Union[NewTensor, _Mapping]]] = ..., inserted: _Optional[_Iterable[_Union[InsertedNode, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[ChangedArguments, _Mapping]]] = ..., erased: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class NewTensor(_message.Message):
+    __slots__ = ("target", "parameter", "persistent", "dtype", "sizes", "data")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    parameter: bool
+    persistent: bool
+    dtype: str
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, target: _Optional[str] = ..., parameter: _Optional[bool] = ..., persistent: _Optional[bool] = ..., dtype: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class InsertedNode(_message.Message):
+    __slots__ = ("name", "op", "target", "before")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    op: str
+    target: str
+    before: str
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[str] = ..., target: _Optional[str] = ..., before: _Optional[str] = ...) -> None: ...
+
+class ChangedArguments(_message.Message):
+    __slots__ = ("name", "args", "kwargs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    args: _containers.RepeatedCompositeFieldContainer[Argument]
+    kwargs: _containers.RepeatedCompositeFieldContainer[NamedArgument]
+    def __init__(self, name: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ...) -> None: ...
+
+class Argument(_message.Message):
+    __slots__ = ("node", "int_value", "double_value", "bool_value", "string_value", "none", "list", "tuple", "dtype")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    TUPLE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    int_value: int
+    double_value: float
+    bool_value: bool
+    string_value: str
+    none: bool
+    list: ArgumentList
+    tuple: ArgumentList
+    dtype: str
+    def __init__(self, node: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., none: _Optional[bool] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., tuple: _Optional[_Union[ArgumentList, _Mapping]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ArgumentList(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[Argument]
+    def __init__(self, items: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ...) -> None: ...
+
+class NamedArgument(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: Argument
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[_Union[Argument, _Mapping]] = ...) -> None: ...
+
+class Annotations(_message.Message):
+    __slots__ = ("constructors", "specs", "nodes")
+    CONSTRUCTORS_FIELD_NUMBER: _ClassVar[int]
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    constructors: _containers.RepeatedCompositeFieldContainer[Constructor]
+    specs: _containers.RepeatedCompositeFieldContainer[QuantSpec]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeAnnotation]
+    def __init__(self, constructors: _Optional[_Iterable[_Union[Constructor, _Mapping]]] = ..., specs: _Optional[_Iterable[_Union[QuantSpec, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeAnnotation, _Mapping]]] = ...) -> None: ...
+
+class Constructor(_message.Message):
+    __slots__ = ("class_name", "partial")
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    class_name: str
+    partial: PartialConstructor
+    def __init__(self, class_name: _Optional[str] = ..., partial: _Optional[_Union[PartialConstructor, _Mapping]] = ...) -> None: ...
+
+class PartialConstructor(_message.Message):
+    __slots__ = ("func", "keywords", "callable_args", "module_attribute")
+    FUNC_FIELD_NUMBER: _ClassVar[int]
+    KEYWORDS_FIELD_NUMBER: _ClassVar[int]
+    CALLABLE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MODULE_ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    func: int
+    keywords: _containers.RepeatedCompositeFieldContainer[Keyword]
+    callable_args: _containers.RepeatedCompositeFieldContainer[Keyword]
+    module_attribute: str
+    def __init__(self, func: _Optional[int] = ..., keywords: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., callable_args: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., module_attribute: _Optional[str] = ...) -> None: ...
+
+class Keyword(_message.Message):
+    __slots__ = ("name", "double_value", "int_value", "bool_value", "string_value", "none", "dtype", "qscheme", "constructor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    QSCHEME_FIELD_NUMBER: _ClassVar[int]
+    CONSTRUCTOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    double_value: float
+    int_value: int
+    bool_value: bool
+    string_value: str
+    none: bool
+    dtype: str
+    qscheme: str
+    constructor: int
+    def __init__(self, name: _Optional[str] = ..., double_value: _Optional[float] = ..., int_value: _Optional[int] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., none: _Optional[bool] = ..., dtype: _Optional[str] = ..., qscheme: _Optional[str] = ..., constructor: _Optional[int] = ...) -> None: ...
+
+class QuantSpec(_message.Message):
+    __slots__ = ("quantization", "fixed", "shared", "derived")
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_FIELD_NUMBER: _ClassVar[int]
+    quantization: QuantizationSpec
+    fixed: FixedQParamsSpec
+    shared: SharedSpec
+    derived: DerivedSpec
+    def __init__(self, quantization: _Optional[_Union[QuantizationSpec, _Mapping]] = ..., fixed: _Optional[_Union[FixedQParamsSpec, _Mapping]] = ..., shared: _Optional[_Union[SharedSpec, _Mapping]] = ..., derived: _Optional[_Union[DerivedSpec, _Mapping]] = ...) -> None: ...
+
+class QuantizationSpec(_message.Message):
+    __slots__ = ("dtype", "constructor", "quant_min", "quant_max", "qscheme", "ch_axis", "is_dynamic")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRUCTOR_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MIN_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MAX_FIELD_NUMBER: _ClassVar[int]
+    QSCHEME_FIELD_NUMBER: _ClassVar[int]
+    CH_AXIS_FIELD_NUMBER: _ClassVar[int]
+    IS_DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    constructor: int
+    quant_min: int
+    quant_max: int
+    qscheme: str
+    ch_axis: int
+    is_dynamic: bool
+    def __init__(self, dtype: _Optional[str] = ..., constructor: _Optional[int] = ..., quant_min: _Optional[int] = ..., quant_max: _Optional[int] = ..., qscheme: _Optional[str] = ..., ch_axis: _Optional[int] = ..., is_dynamic: _Optional[bool] = ...) -> None: ...
+
+class FixedQParamsSpec(_message.Message):
+    __slots__ = ("dtype", "scale", "zero_point", "quant_min", "quant_max", "qscheme", "is_dynamic")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    ZERO_POINT_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MIN_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MAX_FIELD_NUMBER: _ClassVar[int]
+    QSCHEME_FIELD_NUMBER: _ClassVar[int]
+    IS_DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    scale: float
+    zero_point: int
+    quant_min: int
+    quant_max: int
+    qscheme: str
+    is_dynamic: bool
+    def __init__(self, dtype: _Optional[str] = ..., scale: _Optional[float] = ..., zero_point: _Optional[int] = ..., quant_min: _Optional[int] = ..., quant_max: _Optional[int] = ..., qscheme: _Optional[str] = ..., is_dynamic: _Optional[bool] = ...) -> None: ...
+
+class EdgeOrNode(_message.Message):
+    __slots__ = ("node", "edge")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    edge: Edge
+    def __init__(self, node: _Optional[str] = ..., edge: _Optional[_Union[Edge, _Mapping]] = ...) -> None: ...
+
+class Edge(_message.Message):
+    __slots__ = ("input", "user")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    user: str
+    def __init__(self, input: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class SharedSpec(_message.Message):
+    __slots__ = ("edge_or_node",)
+    EDGE_OR_NODE_FIELD_NUMBER: _ClassVar[int]
+    edge_or_node: EdgeOrNode
+    def __init__(self, edge_or_node: _Optional[_Union[EdgeOrNode, _Mapping]] = ...) -> None: ...
+
+class DerivedSpec(_message.Message):
+    __slots__ = ("derived_from", "derive_qparams_fn", "dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "is_dynamic")
+    DERIVED_FROM_FIELD_NUMBER: _ClassVar[int]
+    DERIVE_QPARAMS_FN_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MIN_FIELD_NUMBER: _ClassVar[int]
+    QUANT_MAX_FIELD_NUMBER: _ClassVar[int]
+    QSCHEME_FIELD_NUMBER: _ClassVar[int]
+    CH_AXIS_FIELD_NUMBER: _ClassVar[int]
+    IS_DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    derived_from: _containers.RepeatedCompositeFieldContainer[EdgeOrNode]
+    derive_qparams_fn: str
+    dtype: str
+    quant_min: int
+    quant_max: int
+    qscheme: str
+    ch_axis: int
+    is_dynamic: bool
+    def __init__(self, derived_from: _Optional[_Iterable[_Union[EdgeOrNode, _Mapping]]] = ..., derive_qparams_fn: _Optional[str] = ..., dtype: _Optional[str] = ..., quant_min: _Optional[int] = ..., quant_max: _Optional[int] = ..., qscheme: _Optional[str] = ..., ch_axis: _Optional[int] = ..., is_dynamic: _Optional[bool] = ...) -> None: ...
+
+class NodeAnnotation(_message.Message):
+    __slots__ = ("node", "inputs", "output_spec", "allow_implicit_sharing", "annotated", "object")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_IMPLICIT_SHARING_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATED_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    inputs: _containers.RepeatedCompositeFieldContainer[InputSpecEntry]
+    output_spec: int
+    allow_implicit_sharing: bool
+    annotated: bool
+    object: int
+    def __init__(self, node: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[InputSpecEntry, _Mapping]]] = ..., output_spec: _Optional[int] = ..., allow_implicit_sharing: _Optional[bool] = ..., annotated: _Optional[bool] = ..., object: _Optional[int] = ...) -> None: ...
+
+class InputSpecEntry(_message.Message):
+    __slots__ = ("input", "spec")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    spec: int
+    def __init__(self, input: _Optional[str] = ..., spec: _Optional[int] = ...) -> None: ...

@@ -80,6 +80,11 @@ class RemotePartitionerStub:
                 request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.SerializeToString,
                 response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.FromString,
                 _registered_method=True)
+        self.Quantize = channel.unary_unary(
+                '/remote_partitioner.v1.RemotePartitioner/Quantize',
+                request_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeRequest.SerializeToString,
+                response_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeResponse.FromString,
+                _registered_method=True)
 
 
 class RemotePartitionerServicer:
@@ -269,6 +274,42 @@ class RemotePartitionerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Quantize(self, request, context):
+        """Runs a hosted backend's PT2E quantizer (torchao's `Quantizer`, e.g. ExecuTorch's
+        `XNNPACKQuantizer`) on a module the client is preparing with `prepare_pt2e`: its
+        `transform_for_annotation`, `annotate` and `validate`, in that order, on the module rebuilt
+        from `program` and `unlift`. The answer says what each step did to the module (graph
+        edits), the annotations `annotate` left on its nodes, and the generator state after each
+        step, so that the client applies them to its own module and is where a local quantizer
+        would have left it. A raise inside a step is part of the answer (`raised`), so the client
+        raises it at the same step. Observers and fake-quantizers cross as names from an
+        allow-list, never as code.
+
+        Status codes:
+        * OK: the edits, annotations and generator states (and `raised`, if a step raised).
+        * NOT_FOUND: no hosted quantizer has that name; the message lists the hosted names
+        (reason `UNKNOWN_QUANTIZER`).
+        * INVALID_ARGUMENT: an unknown or ill-typed spec key (reason `INVALID_SPEC`); a program
+        or unlift table that cannot be decoded, a `call_module` node other than the table's
+        guards function, a malformed `rng_state` (reason `INVALID_PROGRAM`); a malformed digest
+        (reason `INVALID_DIGEST`).
+        * FAILED_PRECONDITION: a blob is missing (reason `BLOB_MISSING`), the module rebuilt on
+        the server differs from the client's (reason `FINGERPRINT_MISMATCH`), or a step used a
+        withheld tensor's values (reason `TENSOR_DATA_REQUIRED`), as for `Partition`.
+        * DATA_LOSS: a blob's size does not match (reason `SIZE_MISMATCH`).
+        * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason
+        `OVERLOADED`, with `RetryInfo`).
+        * DEADLINE_EXCEEDED: the deadline passed before the quantizer ran (reason
+        `DEADLINE_PASSED`).
+        * INTERNAL: the quantizer changed the module in a way the edits cannot state, or
+        annotated with an observer, fake-quantizer or function outside the allow-list; the
+        message names the node, key or class (reason `UNREPRESENTABLE_RESULT`).
+        * INTERNAL: the request bytes do not parse (reason `UNPARSABLE_REQUEST`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RemotePartitionerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -316,6 +357,11 @@ def add_RemotePartitionerServicer_to_server(servicer, server):
                     servicer.Preprocess,
                     request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.FromString,
                     response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.SerializeToString,
+            ),
+            'Quantize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Quantize,
+                    request_deserializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeRequest.FromString,
+                    response_serializer=remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -562,6 +608,33 @@ class RemotePartitioner:
             '/remote_partitioner.v1.RemotePartitioner/Preprocess',
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessRequest.SerializeToString,
             remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.PreprocessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Quantize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_partitioner.v1.RemotePartitioner/Quantize',
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeRequest.SerializeToString,
+            remote__partitioner_dot_proto_dot_v1_dot_remote__partitioner__pb2.QuantizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
