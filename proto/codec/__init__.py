@@ -45,12 +45,24 @@ then ``codec.encode_program(...)``); its modules, each with one job, are interna
 * ``preprocess``: the node metadata ``Preprocess`` sends beside a program, and
   ``PreprocessResult`` <-> ``PreprocessOutput``.
 
+``annotations`` is the ``Quantize`` RPC's codec for a PT2E quantizer's work:
+:func:`encode_annotations` states every node's torchao ``QuantizationAnnotation`` as an
+``Annotations`` message (constructors, specs and annotation objects as tables, so the sharing
+torchao's ``prepare`` reads survives), :func:`apply_annotations` rebuilds them onto a module with
+the same node names. Observer and fake-quantize classes cross by qualified name, resolved only
+through an allow-list; one not on it raises :class:`UnknownConstructor`.
+
 The exceptions are :mod:`remote_partitioner.proto.program_errors`; the checks that keep a
 client's graph from naming code are :mod:`remote_partitioner.proto.graph_check`.
 """
 
 from __future__ import annotations
 
+from remote_partitioner.proto.codec.annotations import (
+    UnknownConstructor,
+    apply_annotations,
+    encode_annotations,
+)
 from remote_partitioner.proto.codec.blob_digests import graph_digests, has_withheld, iter_digests
 from remote_partitioner.proto.codec.decode import WithheldTensors, decode_program
 from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, encode_program
@@ -84,8 +96,10 @@ __all__ = [
     "FingerprintMismatch",
     "ProgramDecodeError",
     "ProgramEncodeError",
+    "UnknownConstructor",
     "UnrepresentableMeta",
     "WithheldTensors",
+    "apply_annotations",
     "apply_node_meta",
     "check_target",
     "checked_graph_json",
@@ -93,6 +107,7 @@ __all__ = [
     "decode_preprocess_result",
     "decode_program",
     "digest_of",
+    "encode_annotations",
     "encode_meta_value",
     "encode_preprocess_result",
     "encode_program",
