@@ -50,8 +50,9 @@ from typing import Any
 import pytest
 
 from remote_partitioner.server.pattern_memo import (
+    memoize_coreml_pattern_graphs,
     memoize_vulkan_pattern_graphs,
-    memoized_pattern_export,
+    memoize_xnnpack_pattern_graphs,
 )
 
 #: The flows whose partitioners the server hosts.
@@ -227,54 +228,15 @@ def _sorted_entries(data: bytes, depth: int = 0) -> bytes:
 # --------------------------------------------------------------------------- the pytest plugin
 
 
-def memoize_coreml_pattern_graphs() -> bool:
-    """Export each of the Core ML quantizer's pattern graphs once per process; False when
-    the quantizer does not import.
-
-    ``CoreMLQuantizer.annotate`` exports about 250 small pattern modules with
-    ``torch.export`` on every ``prepare_pt2e`` (``_coreml_quantizer_utils._get_aten_graph_module``):
-    measured, 97 % of a ``coreml_static_int8`` test (about 60 s a lowering on 2 cores, twice
-    per test). A pattern's graph depends only on its module's code, the values its ``forward``
-    closes over (the operator and activation functions, flags) and the shapes and dtypes of
-    its example inputs (``pattern_key``). The example inputs are still drawn by the
-    quantizer (``torch.randn``), so the random generator moves as without the memo. It changes
-    only the quantize stage, which runs before any partitioner and is the same code for both
-    runs of a test; the lowerings compared are untouched. ``tests/test_conformance.py`` checks
-    that a quantized program is the same with and without it.
-    """
-    try:
-        from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
-    except ImportError:
-        return False
-    utils._get_aten_graph_module = memoized_pattern_export(utils._get_aten_graph_module)
-    return True
-
-
-def memoize_xnnpack_pattern_graphs() -> bool:
-    """Export each of the XNNPACK quantizer's conv-batch norm pattern graphs once per process;
-    False when the quantizer does not import.
-
-    ``XNNPACKQuantizer.annotate`` exports 4 to 8 conv-bn[-relu] patterns with ``torch.export``
-    (torchao's ``_get_aten_graph_module_for_pattern``) on every ``prepare_pt2e``, whatever the
-    model: measured, 64 % of an ``xnnpack_static_int8_per_channel`` test (about 11 of 18 s a
-    lowering on 2 cores). Memoized as :func:`memoize_coreml_pattern_graphs` is (the patterns
-    are torchao ``WrapperModule`` instances holding a closure over the conv function and the
-    relu flags); the quantize stage only, the same for both runs of a test.
-    """
-    try:
-        from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils as utils
-    except ImportError:
-        return False
-    utils._get_aten_graph_module_for_pattern = memoized_pattern_export(
-        utils._get_aten_graph_module_for_pattern)
-    return True
-
-
 def install_memos() -> None:
-    """Install every memo of the backends' pattern graphs whose backend imports
-    (:func:`memoize_coreml_pattern_graphs`, :func:`memoize_xnnpack_pattern_graphs`, and
-    Vulkan's, which ``remote-partitioner serve`` installs too:
-    ``remote_partitioner.server.pattern_memo.memoize_vulkan_pattern_graphs``)."""
+    """Install every memo of the backends' pattern graphs whose backend imports: the server's
+    own (``remote_partitioner.server.pattern_memo``: :func:`memoize_coreml_pattern_graphs` and
+    :func:`memoize_xnnpack_pattern_graphs` for the quantizers, which make the quantize stage
+    of a ``coreml_static_int8`` or ``xnnpack_static_int8_per_channel`` test several times
+    faster, and :func:`memoize_vulkan_pattern_graphs`), which ``remote-partitioner serve``
+    installs too. The quantizers' memos change only the quantize stage, which runs before any
+    partitioner and is the same code for both runs of a test: the lowerings compared are
+    untouched. (Tests read the first two here, as this module's attributes.)"""
     memoize_coreml_pattern_graphs()
     memoize_xnnpack_pattern_graphs()
     memoize_vulkan_pattern_graphs()

@@ -100,11 +100,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         stream_idle_seconds=args.stream_idle_seconds,
     )
     if not args.no_pattern_memo:
-        from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
+        from remote_partitioner.server.pattern_memo import install_all
 
         # This process is the server's own: patching ExecuTorch's modules here is safe.
-        if memoize_vulkan_pattern_graphs() is not None:
-            logger.info("Vulkan's fusion pattern graphs are built once per process")
+        memoized = install_all()
+        if memoized:
+            logger.info("pattern graphs built once per process: %s", ", ".join(memoized))
     registry = default_registry(plugins=not args.no_plugins)
     # Observability outermost, so that it also counts calls the token check refuses.
     interceptors = [
@@ -217,9 +218,10 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument("--no-plugins", action="store_true",
                        help="host only the built-in partitioners, not entry-point plugins")
     serve.add_argument("--no-pattern-memo", action="store_true",
-                       help="build the backends' fusion pattern graphs on every call, as "
-                       "ExecuTorch does, instead of once per process (same graphs and random "
-                       "numbers either way; the memo makes a Vulkan call several times faster)")
+                       help="build the backends' and quantizers' pattern graphs on every "
+                       "call, as ExecuTorch does, instead of once per process (same graphs and "
+                       "random numbers either way; the memo makes a Vulkan call or a Core ML or "
+                       "XNNPACK Quantize several times faster)")
     security = serve.add_argument_group("security")
     security.add_argument("--token-file",
                           help="require 'authorization: Bearer <token>' with a token from this "

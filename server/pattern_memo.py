@@ -17,11 +17,17 @@ was made, before any caller could change it. A pattern without a key (one holdin
 buffers or submodules, or whose key does not hash) is built every time. Memos are thread-safe:
 a server runs hooks concurrently.
 
-``remote-partitioner serve`` installs :func:`memoize_vulkan_pattern_graphs` in its own process
-(``--no-pattern-memo`` turns it off); :func:`~remote_partitioner.server.app.create_server`
-does not, as it may run in a process whose modules are not the server's to patch.
-``tests/test_pattern_memo.py`` checks that the graphs and the generator are the same with
-and without it, and that a memoized server lowers to the local, unmemoized ``.pte``.
+The memos, each installed by a function that returns the function putting the unmemoized code
+back (a no-op when that memo was already installed), or None when its backend does not import:
+:func:`memoize_vulkan_pattern_graphs` (the Vulkan partitioner's and preprocess's patterns),
+:func:`memoize_xnnpack_pattern_graphs` and :func:`memoize_coreml_pattern_graphs` (the XNNPACK
+and Core ML PT2E quantizers' patterns, which the ``Quantize`` RPC runs); :func:`install_all`
+installs the three. ``remote-partitioner serve`` installs them in its own process
+(``--no-pattern-memo`` turns them off), and so does ``scripts/conformance.py`` in its runner;
+:func:`~remote_partitioner.server.app.create_server` does not, as it may run in a process
+whose modules are not the server's to patch. ``tests/test_pattern_memo.py`` checks that the
+graphs, quantized programs and the generator are the same with and without them, and that a
+memoized server lowers to the local, unmemoized ``.pte``.
 """
 
 from __future__ import annotations
@@ -178,3 +184,80 @@ def memoize_vulkan_pattern_graphs() -> Callable[[], None] | None:
             m.export, m.to_edge = e, t
 
     return restore
+
+
+def memoize_coreml_pattern_graphs() -> Callable[[], None] | None:
+    """Export each of the Core ML PT2E quantizer's pattern graphs once per process; returns the
+    function that puts the unmemoized export back (a no-op when the memo was already
+    installed), or None when the quantizer does not import.
+
+    ``CoreMLQuantizer.annotate`` exports about 250 small pattern modules with
+    ``torch.export`` on every ``prepare_pt2e`` (``_coreml_quantizer_utils._get_aten_graph_module``):
+    measured, 97 % of a conformance ``coreml_static_int8`` test (about 60 s a lowering on 2
+    cores, twice per test; about 150 s per ``prepare_pt2e`` on one core). A pattern's graph
+    depends only on its module's code, the values its ``forward`` closes over (the operator
+    and activation functions, flags) and the shapes and dtypes of its example inputs
+    (:func:`pattern_key`). The example inputs are still drawn by the quantizer
+    (``torch.randn``), so the random generator moves as without the memo. It changes only the
+    quantize stage (``annotate``), which runs before any partitioner.
+    ``tests/test_conformance.py`` checks that a quantized program is the same with and without
+    it.
+    """
+    try:
+        from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
+    except ImportError:
+        return None
+    return _memoize_module_export(utils, "_get_aten_graph_module")
+
+
+def memoize_xnnpack_pattern_graphs() -> Callable[[], None] | None:
+    """Export each of the XNNPACK PT2E quantizer's conv-batch norm pattern graphs once per
+    process; returns the function that puts the unmemoized export back (a no-op when the memo
+    was already installed), or None when the quantizer does not import.
+
+    ``XNNPACKQuantizer.annotate`` exports 4 to 8 conv-bn[-relu] patterns with ``torch.export``
+    (torchao's ``_get_aten_graph_module_for_pattern``, as ``xnnpack_quantizer_utils`` holds
+    it) on every ``prepare_pt2e``, whatever the model: measured, 64 % of a conformance
+    ``xnnpack_static_int8_per_channel`` test (about 11 of 18 s a lowering on 2 cores).
+    Memoized as :func:`memoize_coreml_pattern_graphs` is (the patterns are torchao
+    ``WrapperModule`` instances holding a closure over the conv function and the relu flags);
+    the quantize stage only. ``tests/test_pattern_memo.py`` and ``tests/test_conformance.py``
+    check that a quantized program and the generator are the same with and without it.
+    """
+    try:
+        from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils as utils
+    except ImportError:
+        return None
+    return _memoize_module_export(utils, "_get_aten_graph_module_for_pattern")
+
+
+def _memoize_module_export(module: Any, name: str) -> Callable[[], None]:
+    """Replaces ``module.name`` (a quantizer's pattern export, called through the module's
+    globals) by its :func:`memoized_pattern_export`; returns what puts it back (a no-op when
+    it already was memoized)."""
+    original = getattr(module, name)
+    if getattr(original, "memoized", False):
+        return lambda: None
+    setattr(module, name, memoized_pattern_export(original))
+
+    def restore() -> None:
+        setattr(module, name, original)
+
+    return restore
+
+
+def install_all() -> list[str]:
+    """Installs every memo here whose backend imports (:func:`memoize_vulkan_pattern_graphs`,
+    :func:`memoize_xnnpack_pattern_graphs`, :func:`memoize_coreml_pattern_graphs`); returns
+    the names of the backends memoized ("vulkan", "xnnpack", "coreml"; those already memoized
+    count). The memos are never taken out again: this is for a process of its own (a server).
+    The root logger is left as it was (importing the backends reconfigures it)."""
+    from remote_partitioner.server.registry import _root_logging_kept
+
+    installers = (
+        ("vulkan", memoize_vulkan_pattern_graphs),
+        ("xnnpack", memoize_xnnpack_pattern_graphs),
+        ("coreml", memoize_coreml_pattern_graphs),
+    )
+    with _root_logging_kept():
+        return [name for name, install in installers if install() is not None]

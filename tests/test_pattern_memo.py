@@ -1,6 +1,7 @@
-"""The pattern graph memo (``remote_partitioner.server.pattern_memo``) that ``remote-partitioner
-serve`` installs: the same graphs, node names and random numbers as ExecuTorch's own builds, and
-a memoized server lowers to the ``.pte`` an unmemoized local lowering gives."""
+"""The pattern graph memos (``remote_partitioner.server.pattern_memo``) that ``remote-partitioner
+serve`` installs: the same graphs, node names and random numbers as ExecuTorch's own builds, the
+same quantized program from the XNNPACK quantizer, and a memoized server lowers to the ``.pte``
+an unmemoized local lowering gives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from models import small_models
 from torch.export import ExportedProgram, export
 
 from remote_partitioner.client import RemotePartitioner
-from remote_partitioner.server.pattern_memo import memoize_vulkan_pattern_graphs
+from remote_partitioner.server.pattern_memo import (
+    memoize_vulkan_pattern_graphs,
+    memoize_xnnpack_pattern_graphs,
+)
 
 pytest.importorskip("executorch.backends.vulkan.patterns")
 
@@ -96,3 +100,74 @@ def test_memoized_server_lowers_to_the_unmemoized_local_pte(server_address: str)
         assert got == local
         assert torch.equal(torch.randn(8), local_next)
         assert remote.stats["preprocess_calls"] >= 1
+
+
+class _ConvBnRelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def _xnnpack_static_per_channel() -> tuple[str, dict[str, torch.Tensor], torch.Tensor]:
+    """A conv-bn-relu model through XNNPACK's static per-channel prepare_pt2e, calibration and
+    convert_pt2e from seed 13: the converted code, its state dict, the generator after."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(13)
+    model = _ConvBnRelu().eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    captured = export(model, inputs, strict=True).module()
+    prepared = prepare_pt2e(captured, XNNPACKQuantizer().set_global(config))  # type: ignore[arg-type]
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    state = {k: v.clone() for k, v in converted.state_dict().items()}
+    return converted.code, state, torch.get_rng_state()
+
+
+def test_memoized_xnnpack_quantizer_patterns_quantize_the_same() -> None:
+    """XNNPACK's quantizer exports its conv-bn[-relu] patterns on every ``prepare_pt2e``; with
+    the memo, the first quantization exports each (a miss) and the second none (a hit), and
+    both give the converted code, state dict and random generator of the unmemoized one (run
+    first); the memo can be taken out again."""
+    from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils as utils
+
+    original = utils._get_aten_graph_module_for_pattern
+    assert not getattr(original, "memoized", False), "this process must start unmemoized"
+    exports: list[object] = []
+
+    def export_counted(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return original(*args, **kwargs)
+
+    utils._get_aten_graph_module_for_pattern = export_counted
+    try:
+        code, state, rng = _xnnpack_static_per_channel()
+        unmemoized = len(exports)
+        assert unmemoized >= 4
+        restore = memoize_xnnpack_pattern_graphs()
+        assert restore is not None
+        try:
+            assert memoize_xnnpack_pattern_graphs() is not None  # installing twice: a no-op
+            for expected_exports in (2 * unmemoized, 2 * unmemoized):  # a miss, then a hit
+                memo_code, memo_state, memo_rng = _xnnpack_static_per_channel()
+                assert len(exports) == expected_exports
+                assert memo_code == code
+                assert memo_state.keys() == state.keys()
+                assert all(torch.equal(memo_state[k], state[k]) for k in state)
+                assert torch.equal(memo_rng, rng)
+        finally:
+            restore()
+        assert utils._get_aten_graph_module_for_pattern is export_counted
+        _xnnpack_static_per_channel()
+        assert len(exports) == 3 * unmemoized  # exported again once restored
+    finally:
+        utils._get_aten_graph_module_for_pattern = original

@@ -1,5 +1,5 @@
-"""The hosted ``coreml`` partitioner: ExecuTorch's ``CoreMLPartitioner``, its spec keys, and
-the compile specs they become."""
+"""The hosted ``coreml`` partitioner and quantizer: ExecuTorch's ``CoreMLPartitioner`` (its spec
+keys, and the compile specs they become) and ``CoreMLQuantizer``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from executorch.exir.backend.partitioner import Partitioner
 
@@ -24,6 +24,11 @@ from remote_partitioner.server.registry import (
     member,
     split_list,
 )
+
+if TYPE_CHECKING:
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    from remote_partitioner.server.quantizers import HostedQuantizer
 
 #: coremltools' progress bars, drawn on stderr by every conversion: (module, name of tqdm).
 _PROGRESS_BARS = (
@@ -187,4 +192,92 @@ def hosted() -> HostedPartitioner:
         factory,
         CoreMLPartitioner,
         "Core ML: Apple CPU, GPU and Neural Engine through coremltools",
+    )
+
+
+#: The ``ModuleLinearQuantizerConfig`` ExecuTorch's own Core ML tester quantizes with
+#: (``executorch/backends/apple/coreml/test/tester.py``, ``_get_static_int8_linear_qconfig``),
+#: as spec values; the hosted quantizer's base configuration.
+_TESTER_QUANTIZER_CONFIG: dict[str, SpecValue] = {
+    "quantization_scheme": "symmetric",
+    "activation_dtype": "quint8",
+    "weight_dtype": "qint8",
+    "weight_per_channel": True,
+}
+
+
+def hosted_quantizer() -> HostedQuantizer:
+    """The hosted ``coreml`` quantizer (imports coremltools and ExecuTorch's Core ML quantizer;
+    raises if they cannot be imported): ``CoreMLQuantizer(LinearQuantizerConfig(global_config=
+    ModuleLinearQuantizerConfig(...)))``, a fresh quantizer per call.
+
+    The spec keys are the ``ModuleLinearQuantizerConfig`` fields the PT2E ``CoreMLQuantizer``
+    reads (not ``algorithm`` nor ``milestones``, which only coremltools' own
+    ``LinearQuantizer`` reads). Unlike the registry's usual contract, an absent key is not
+    left to coremltools: the base configuration is the one ExecuTorch's Core ML tester
+    quantizes with (:data:`_TESTER_QUANTIZER_CONFIG`: symmetric, quint8 activations, qint8
+    weights, per channel; coremltools 9.0's defaults are the same), and the client's keys
+    replace its entries; an observer key absent is left to coremltools
+    (``moving_average_min_max``). Dtypes travel as names (``quint8``, ``qint8``,
+    ``float32``; ``float32`` leaves the activations, or the whole op, unquantized) and
+    become torch dtypes.
+    """
+    import torch
+    from coremltools.optimize.torch.quantization import (
+        LinearQuantizerConfig,
+        ModuleLinearQuantizerConfig,
+    )
+    from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+
+    from remote_partitioner.server.quantizers import HostedQuantizer
+
+    schemes = {"symmetric": "symmetric", "affine": "affine"}
+    # The observers the PT2E quantizer has (``_annotation_config._get_observer``).
+    observers = {"moving_average_min_max": "moving_average_min_max", "min_max": "min_max"}
+    keys = key_table(
+        enum_key(
+            "quantization_scheme",
+            schemes,
+            "symmetric",
+            "symmetric (zero point 0, or 128 for unsigned activations) or affine",
+        ),
+        enum_key(
+            "activation_dtype",
+            {"quint8": torch.quint8, "float32": torch.float32},
+            "quint8",
+            "quint8, or float32: activations not quantized",
+        ),
+        enum_key(
+            "weight_dtype",
+            {"qint8": torch.qint8, "quint8": torch.quint8, "float32": torch.float32},
+            "qint8",
+            "qint8 or quint8, or float32: the op not quantized",
+        ),
+        SpecKey("weight_per_channel", bool, True, "weights per output channel, not per tensor"),
+        enum_key(
+            "weight_observer",
+            observers,
+            "moving_average_min_max",
+            "weight observer: moving_average_min_max or min_max",
+        ),
+        enum_key(
+            "activation_observer",
+            observers,
+            "moving_average_min_max",
+            "activation observer: moving_average_min_max or min_max",
+        ),
+    )
+
+    def factory(spec: Mapping[str, SpecValue]) -> Quantizer:
+        args = constructor_arguments(keys, {**_TESTER_QUANTIZER_CONFIG, **spec})
+        config = LinearQuantizerConfig(global_config=ModuleLinearQuantizerConfig(**args))
+        return CoreMLQuantizer(config)
+
+    return HostedQuantizer(
+        "coreml",
+        "CoreMLBackend",
+        keys,
+        factory,
+        CoreMLQuantizer,
+        "Core ML: int8 PT2E quantization (coremltools' linear quantizer config, global)",
     )

@@ -1,9 +1,10 @@
-"""The hosted ``vulkan`` partitioner: ExecuTorch's ``VulkanPartitioner``, its spec keys, and
-the compile options they become."""
+"""The hosted ``vulkan`` partitioner and quantizer: ExecuTorch's ``VulkanPartitioner`` (its spec
+keys, and the compile options they become) and ``VulkanQuantizer``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from executorch.exir.backend.partitioner import Partitioner
 
@@ -17,6 +18,11 @@ from remote_partitioner.server.registry import (
     list_key,
     split_list,
 )
+
+if TYPE_CHECKING:
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    from remote_partitioner.server.quantizers import HostedQuantizer
 
 _VULKAN_CONSTRUCTOR_KEYS = (
     "operator_blocklist",
@@ -162,4 +168,60 @@ def hosted() -> HostedPartitioner:
         factory,
         VulkanPartitioner,
         "Vulkan: GPU compute shaders",
+    )
+
+
+def _one_of(*accepted: int) -> Callable[[int], int]:
+    def parse(value: int) -> int:
+        if value not in accepted:
+            raise ValueError(f"{value} is not one of {', '.join(map(str, accepted))}")
+        return value
+
+    return parse
+
+
+def _int8(value: int) -> int:
+    if not -128 <= value <= 127:
+        raise ValueError(f"{value} is not in the int8 range -128..127")
+    return value
+
+
+def hosted_quantizer() -> HostedQuantizer:
+    """The hosted ``vulkan`` quantizer (imports ExecuTorch's Vulkan quantizer; raises if it
+    cannot be imported): ``VulkanQuantizer().set_global(get_symmetric_quantization_config(
+    **spec))``, a fresh quantizer per call, its spec keys the configuration function's
+    arguments with its defaults (weight-only int8 per channel by default).
+
+    As XNNPACK's, the configuration function is ``functools.lru_cache``d and is called with
+    keyword arguments only, exactly the keys the client sent, in its parameter order.
+    """
+    from executorch.backends.vulkan.quantizer.vulkan_quantizer import (
+        VulkanQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    from remote_partitioner.server.quantizers import HostedQuantizer
+
+    keys = key_table(
+        SpecKey("is_dynamic", bool, False, "dynamic: int8 per-token activations, else weight-only"),
+        SpecKey("weight_bits", int, 8, "weight bits: 8 or 4", parse=_one_of(8, 4)),
+        SpecKey("act_bits", int, 8, "activation bits: 8 (the only one)", parse=_one_of(8)),
+        SpecKey("act_qmin", int, None, "activation quant_min; default by act_bits", parse=_int8),
+        SpecKey("act_qmax", int, None, "activation quant_max; default by act_bits", parse=_int8),
+        SpecKey("weight_qmin", int, None, "weight quant_min; default by weight_bits", parse=_int8),
+        SpecKey("weight_qmax", int, None, "weight quant_max; default by weight_bits", parse=_int8),
+    )
+
+    def factory(spec: Mapping[str, SpecValue]) -> Quantizer:
+        args = constructor_arguments(keys, spec)
+        config = get_symmetric_quantization_config(**{k: args[k] for k in keys if k in args})
+        return VulkanQuantizer().set_global(config)
+
+    return HostedQuantizer(
+        "vulkan",
+        "VulkanBackend",
+        keys,
+        factory,
+        VulkanQuantizer,
+        "Vulkan: int8 or int4 per-channel weights for linear, weight-only or dynamic",
     )
