@@ -1,4 +1,5 @@
-"""The client: ``RemotePartitioner``, a real ExecuTorch ``Partitioner`` backed by the service."""
+"""The client: ``RemotePartitioner``, a real ExecuTorch ``Partitioner`` backed by the service, and
+``RemoteQuantizer``, a real torchao PT2E ``Quantizer`` backed by it."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +13,12 @@ from remote_partitioner.client.errors import (
     IncompatibleServerError,
     InvalidSpecError,
     PartitionerNotFoundError,
+    QuantizerNotFoundError,
     RemotePartitionerError,
 )
 
 if TYPE_CHECKING:
+    from remote_partitioner.client.quantizer import RemoteQuantizer
     from remote_partitioner.client.remote import RemotePartitioner, to_backend_remotely
 
 
@@ -26,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from remote_partitioner.client.remote import RemotePartitioner
 
         return RemotePartitioner
+    if name == "RemoteQuantizer":
+        from remote_partitioner.client.quantizer import RemoteQuantizer
+
+        return RemoteQuantizer
     if name == "to_backend_remotely":
         from remote_partitioner.client.remote import to_backend_remotely
 
@@ -37,8 +44,10 @@ __all__ = [
     "IncompatibleServerError",
     "InvalidSpecError",
     "PartitionerNotFoundError",
+    "QuantizerNotFoundError",
     "RemotePartitioner",
     "RemotePartitionerError",
+    "RemoteQuantizer",
     "channel_credentials",
     "read_channel_credentials",
     "read_token",

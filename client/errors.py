@@ -49,6 +49,13 @@ class PartitionerNotFoundError(RemotePartitionerError, KeyError):
         return str(self.args[0])
 
 
+class QuantizerNotFoundError(RemotePartitionerError, KeyError):
+    """The server hosts no quantizer of that name (NOT_FOUND)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
 class InvalidSpecError(RemotePartitionerError, ValueError):
     """A spec key is unknown or has the wrong type (INVALID_ARGUMENT)."""
 
@@ -128,6 +135,8 @@ def from_rpc_error(e: grpc.RpcError) -> BaseException:
     cls: type[RemotePartitionerError] = RemotePartitionerError
     if reason == errors.Reason.UNKNOWN_PARTITIONER:
         cls = PartitionerNotFoundError
+    elif reason == errors.Reason.UNKNOWN_QUANTIZER:
+        cls = QuantizerNotFoundError
     elif reason == errors.Reason.INVALID_SPEC:
         cls = InvalidSpecError
     elif reason == errors.Reason.FINGERPRINT_MISMATCH:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
 from operator import getitem
 from typing import Any
 
@@ -24,18 +21,10 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.client import preprocess as preprocess_routes
 from remote_partitioner.client import report
-from remote_partitioner.client.blobs import upload_missing
-from remote_partitioner.client.channel import (
-    AFFINITY_METADATA_KEY,
-    default_channel_options,
-    new_affinity_key,
-    open_channel,
-)
+from remote_partitioner.client.connection import ServerConnection, apply_rng_state
 from remote_partitioner.client.errors import (
-    IncompatibleServerError,
     PartitionerNotFoundError,
     RemotePartitionerError,
-    from_rpc_error,
     remote_exception,
 )
 from remote_partitioner.proto import codec, errors
@@ -43,55 +32,9 @@ from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.transport import hook_from_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
 
-class _Snapshot:
-    """What a hook's answer depends on, held cheaply: the program's objects by identity (its
-    graph modules, nodes, every ``node.meta`` value, tensors with their version counters,
-    signature, constraints) and its structural fingerprint (node names, ops, targets, args).
-
-    Two snapshots are equal when the program is the same object, none of those was replaced
-    and no tensor was written in place since: then encoding it again would give the same
-    message, and the server the same answer. (A ``node.meta`` value changed in place, rather
-    than replaced, is not seen: no ExecuTorch pass between two hook calls does that.)
-    """
-
-    __slots__ = ("_fingerprint", "_objects", "_versions")
-
-    def __init__(self, ep: ExportedProgram) -> None:
-        objects: list[object] = [
-            ep, ep.graph_module, ep.graph_signature, ep.range_constraints, ep.module_call_graph,
-        ]
-        for _, gm in codec.graph_modules(ep.graph_module):
-            objects.append(gm)
-            for node in gm.graph.nodes:
-                objects.append(node)
-                objects.extend(node.meta.keys())
-                objects.extend(node.meta.values())
-        tensors = [*ep.state_dict.values(), *ep.constants.values()]
-        objects.extend(tensors)
-        self._objects = objects
-        self._versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
-        self._fingerprint = codec.fingerprint(ep)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _Snapshot)
-            and len(self._objects) == len(other._objects)
-            and all(a is b for a, b in zip(self._objects, other._objects, strict=True))
-            and self._versions == other._versions
-            and self._fingerprint == other._fingerprint
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _local_versions() -> dict[str, str]:
-    return {"torch": torch.__version__, "executorch": metadata.version("executorch")}
-
-
-class RemotePartitioner(Partitioner):
+class RemotePartitioner(Partitioner, ServerConnection):
     """A ``Partitioner`` that proxies every hook to a partitioner hosted by a remote server.
 
     It can stand wherever the hosted partitioner would: in
@@ -162,75 +105,33 @@ class RemotePartitioner(Partitioner):
         remote_preprocess: bool = False,
         withhold_tensors: bool = True,
     ) -> None:
-        super().__init__(dict(spec or {}))
-        self.target = target
+        Partitioner.__init__(self, dict(spec or {}))
+        ServerConnection.__init__(
+            self, target, timeout=timeout, channel=channel, credentials=credentials,
+            options=options, check_versions=check_versions, token=token,
+            max_retries=max_retries, memoize=memoize, withhold_tensors=withhold_tensors,
+        )
         self.partitioner_name = partitioner
-        self.timeout = timeout
-        self.check_versions = check_versions
-        self.max_retries = max_retries
-        self.memoize = memoize
+        self._spec_msg = spec_entries(spec)
         self.remote_preprocess = remote_preprocess
-        self.withhold_tensors = withhold_tensors
         #: Backend ids whose preprocess ``partition()`` routed to the server.
         self._remote_backends: set[str] = set()
-        self._listing: pb.ListPartitionersResponse | None = None
-        # hook RPC name -> (snapshot of the program, response, encoding, generator state sent)
-        # of the last call
-        self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram, bytes]] = {}
-        # One affinity key per partitioner: its calls stay on one replica (see channel.py).
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (AFFINITY_METADATA_KEY, new_affinity_key()),
-            *((("authorization", f"Bearer {token}"),) if token else ()),
-        )
-        self._spec_msg = spec_entries(spec)
-        self._credentials = credentials
-        self._options = list(options)  # after the defaults, built when the channel is
-        self._owns_channel = channel is None
-        self._channel = channel
-        self._stub: pb_grpc.RemotePartitionerStub | None = None
         self._info: pb.PartitionerInfo | None = None
-        self._lock = threading.Lock()
-        self._digests = codec.DigestCache()
         #: The last partition()'s untagged call_function nodes and why (see the class doc).
         self.rejections: list[report.Rejection] = []
         #: The last partition()'s delegation by backend id (see the class doc).
         self.delegated: dict[str, report.Delegated] = {}
-        #: Counters: RPCs made, blobs and bytes uploaded, and of those the bytes that describe
-        #: graphs (graph JSON and Program messages) and the bytes of tensor data (weights,
-        #: buffers, constants); hook calls answered from memory; hook calls sent with their
-        #: tensors withheld, and of those the ones the server answered TENSOR_DATA_REQUIRED
-        #: (sent again with the data); hook calls made again after UNAVAILABLE (a replica
-        #: went away), and after BLOB_MISSING although their blobs had been uploaded
-        #: (evicted, or another replica answered), and after the server refused them as
-        #: overloaded (RetryInfo: too many hook calls, or too many upload bytes in flight).
-        #: Preprocess: calls, bytes of results read back with ``ReadBlobs`` and processed
-        #: bytes received.
-        self.stats = {"calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
-                      "graph_bytes_uploaded": 0, "tensor_bytes_uploaded": 0, "memo_hits": 0,
-                      "withheld_calls": 0, "tensor_data_requests": 0,
-                      "unavailable_retries": 0, "blob_missing_retries": 0,
-                      "overloaded_retries": 0, "preprocess_calls": 0, "bytes_read": 0,
-                      "processed_bytes": 0}
+        #: Counters (see :attr:`ServerConnection.stats`), and: Preprocess calls, bytes of
+        #: results read back with ``ReadBlobs`` and processed bytes received.
+        self.stats.update({"preprocess_calls": 0, "bytes_read": 0, "processed_bytes": 0})
 
     # ------------------------------------------------------------------ plumbing
 
     def __repr__(self) -> str:
         return f"RemotePartitioner({self.target!r}, {self.partitioner_name!r}, {self.spec!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for k in ("_channel", "_stub", "_lock", "_digests", "_memo", "_listing"):
-            state.pop(k, None)
-        return state
-
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._channel, self._stub = None, None
-        self._owns_channel = True
-        self._lock = threading.Lock()
-        self._digests = codec.DigestCache()
-        self._memo = {}
-        self._listing = None
+        ServerConnection.__setstate__(self, state)
         self._remote_backends = set(state.get("_remote_backends", ()))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RemotePartitioner:
@@ -239,50 +140,6 @@ class RemotePartitioner(Partitioner):
         clone = RemotePartitioner.__new__(RemotePartitioner)
         clone.__setstate__(self.__getstate__())
         return clone
-
-    def close(self) -> None:
-        """Close the channel this partitioner opened (not one it was given)."""
-        if self._channel is not None and self._owns_channel:
-            self._channel.close()
-        self._channel, self._stub = None, None
-
-    @property
-    def stub(self) -> pb_grpc.RemotePartitionerStub:
-        with self._lock:
-            if self._stub is None:
-                if self._channel is None:
-                    self._channel = open_channel(
-                        self.target, self._credentials,
-                        [*default_channel_options(), *self._options],
-                    )
-                self._stub = pb_grpc.RemotePartitionerStub(self._channel)
-            return self._stub
-
-    def _rpc(self, method: Callable[..., Any], request: Any) -> Any:
-        self.stats["calls"] += 1
-        try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            exc = from_rpc_error(e)
-        raise exc from exc.__cause__  # the remote traceback, if the server sent one
-
-    def _server_listing(self) -> pb.ListPartitionersResponse:
-        """The server's ``ListPartitioners`` answer (fetched once), its versions checked."""
-        if self._listing is None:
-            response = self._rpc(self.stub.ListPartitioners, pb.ListPartitionersRequest())
-            if self.check_versions:
-                local = _local_versions()
-                remote = {"torch": response.versions.torch,
-                          "executorch": response.versions.executorch}
-                if local != remote:
-                    raise IncompatibleServerError(
-                        f"server at {self.target} runs {remote}, this client {local}: it "
-                        "cannot reproduce a local lowering (check_versions=False to use it "
-                        "anyway)",
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                    )
-            self._listing = response
-        return self._listing
 
     @property
     def info(self) -> pb.PartitionerInfo:
@@ -309,147 +166,6 @@ class RemotePartitioner(Partitioner):
 
     def _ref(self) -> pb.PartitionerRef:
         return pb.PartitionerRef(name=self.partitioner_name, spec=self._spec_msg)
-
-    def _upload(
-        self,
-        blobs: Mapping[str, memoryview | bytes],
-        digests: list[pb.Digest],
-        graphs: set[str],
-    ) -> None:
-        missing = upload_missing(self._rpc, self.stub, digests, blobs)
-        graph_bytes = sum(d.size_bytes for d in missing if d.hash in graphs)
-        total = sum(d.size_bytes for d in missing)
-        self.stats["blobs_uploaded"] += len(missing)
-        self.stats["bytes_uploaded"] += total
-        self.stats["graph_bytes_uploaded"] += graph_bytes
-        self.stats["tensor_bytes_uploaded"] += total - graph_bytes
-
-    def _call_hook(
-        self, rpc: str, make: Callable[[pb.Digest], Any], ep: ExportedProgram
-    ) -> tuple[Any, codec.EncodedProgram]:
-        """Encode ``ep``, upload what the server lacks, call ``method`` (see
-        :meth:`_encode_and_call`). A repeated call on the unchanged program is answered from
-        memory."""
-        # The caller's generator state goes with the call and the state the hook left comes
-        # back, so that the process draws next what it would have after the local hook.
-        rng = torch.get_rng_state().numpy().tobytes()
-        snapshot = _Snapshot(ep) if self.memoize else None
-        memo = self._memo.get(rpc)
-        if memo is not None and memo[0] == snapshot and memo[3] == rng:
-            self.stats["memo_hits"] += 1
-            _apply_rng_state(memo[1])
-            return memo[1], memo[2]
-
-        def make_with_rng(ref: pb.Digest) -> Any:
-            request = make(ref)
-            request.rng_state = rng
-            return request
-
-        method = getattr(self.stub, rpc)
-        response: Any = None
-        encoded: codec.EncodedProgram | None = None
-        if self.withhold_tensors and self._server_listing().accepts_withheld_tensors:
-            # First without the tensors' data: most hooks decide from the graph, shapes and
-            # dtypes, and the server notices exactly when one does not.
-            self.stats["withheld_calls"] += 1
-            try:
-                response, encoded = self._encode_and_call(
-                    method, make_with_rng, ep, withhold=True
-                )
-            except RemotePartitionerError as e:
-                if e.reason != errors.Reason.TENSOR_DATA_REQUIRED:
-                    raise
-                self.stats["tensor_data_requests"] += 1
-        if encoded is None:
-            response, encoded = self._encode_and_call(method, make_with_rng, ep)
-        if snapshot is not None:
-            self._memo[rpc] = (snapshot, response, encoded, rng)
-        _apply_rng_state(response)
-        return response, encoded
-
-    def _encode_and_call(
-        self,
-        method: Callable[..., Any],
-        make: Callable[[pb.Digest], Any],
-        ep: ExportedProgram,
-        *,
-        withhold: bool = False,
-    ) -> tuple[Any, codec.EncodedProgram]:
-        """Encode ``ep`` (its tensors' data withheld if ``withhold``) and call ``method`` with
-        the program's digest; on BLOB_MISSING upload what the server lacks and call again (up
-        to three uploads: a blob can be evicted, or the call reach another replica, in
-        between); on UNAVAILABLE (the replica went away) call again, up to ``max_retries``
-        times with a growing pause, on the replica the channel fails over to."""
-        encoded = self._encode(ep, withhold=withhold)
-        # The program message itself crosses as a blob, so that a program the server has
-        # seen before, from any client, costs one small request.
-        program = encoded.message.SerializeToString(deterministic=True)
-        ref = digest_of(program)
-        blobs: dict[str, memoryview | bytes] = {**encoded.blobs, ref.hash: program}
-        digests = [*encoded.digests(), ref]
-        graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
-        return self._call_with_blobs(method, lambda: make(ref), blobs, digests, graphs), encoded
-
-    def _encode(self, ep: ExportedProgram, *, withhold: bool = False) -> codec.EncodedProgram:
-        try:
-            return codec.encode_program(ep, digests=self._digests, withhold=withhold)
-        except codec.ProgramEncodeError as e:
-            raise RemotePartitionerError(
-                f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
-                errors.Reason.INVALID_PROGRAM.value,
-            ) from e
-
-    def _call_with_blobs(
-        self,
-        method: Callable[..., Any],
-        make: Callable[[], Any],
-        blobs: Mapping[str, memoryview | bytes],
-        digests: list[pb.Digest],
-        graphs: set[str],
-    ) -> Any:
-        """Call ``method`` with ``make()``; on BLOB_MISSING upload what the server lacks of
-        ``blobs`` and call again (see :meth:`_encode_and_call`)."""
-        uploads, waits, failovers = 0, 0, 0
-        upload = False  # first, ask as if the server held everything
-        while True:
-            try:
-                if upload:
-                    self._upload(blobs, digests, graphs)
-                    uploads += 1
-                return self._rpc(method, make())
-            except RemotePartitionerError as e:
-                if e.reason == errors.Reason.BLOB_MISSING and uploads < 3:
-                    if upload:  # uploaded, yet missing: evicted, or another replica answered
-                        self.stats["blob_missing_retries"] += 1
-                    upload = True  # upload what it lacks
-                    continue
-                if e.code == grpc.StatusCode.UNAVAILABLE and failovers < self.max_retries:
-                    # The replica went away (a call gRPC could not retry itself): every RPC is
-                    # idempotent, so ask the replica the channel fails over to, uploading
-                    # again if this call had to upload.
-                    failovers += 1
-                    self.stats["unavailable_retries"] += 1
-                    time.sleep(min(0.05 * 2**failovers, 2.0))
-                    continue
-                if e.retry_delay is not None and waits < self.max_retries:
-                    waits += 1  # the server is busy and said when to come back
-                    self.stats["overloaded_retries"] += 1
-                    e.wait_as_told()
-                    continue
-                raise
-
-    def _read_blob(self, digest: pb.Digest) -> bytes:
-        parts = []
-        try:
-            for chunk in self.stub.ReadBlobs(
-                pb.ReadBlobsRequest(digests=[digest]), timeout=self.timeout,
-                metadata=self._metadata,
-            ):
-                parts.append(chunk.data)
-        except grpc.RpcError as e:
-            exc = from_rpc_error(e)
-            raise exc from exc.__cause__
-        return b"".join(parts)
 
     # ------------------------------------------------------------------ hooks
 
@@ -587,7 +303,7 @@ class RemotePartitioner(Partitioner):
         response = self._call_with_blobs(
             self.stub.Preprocess, lambda: request, blobs, digests, graphs
         )
-        _apply_rng_state(response)
+        apply_rng_state(response)
 
         def blob(d: pb.Digest) -> bytes:
             local = blobs.get(d.hash)
@@ -686,12 +402,6 @@ def to_backend_remotely(
     preprocess_routes.install(backend_id, None, wrap_real=True)
     with preprocess_routes.scoped_route(backend_id, client):
         return to_backend(backend_id, edge_program, list(compile_specs))
-
-
-def _apply_rng_state(response: Any) -> None:
-    """Set this process's CPU generator to the state the remote hook left, if it drew."""
-    if response.rng_state:
-        torch.set_rng_state(torch.frombuffer(bytearray(response.rng_state), dtype=torch.uint8))
 
 
 class _RemoteFilter:

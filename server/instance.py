@@ -57,6 +57,11 @@ from remote_partitioner.server.blobstore import (
     BlobView,
     check_digest,
 )
+from remote_partitioner.server.quantizers import (
+    QuantizerRegistry,
+    UnknownQuantizerError,
+    builtin_quantizers,
+)
 from remote_partitioner.server.registry import (
     InvalidSpecError,
     Registry,
@@ -75,13 +80,18 @@ TimeRemaining = Callable[[], "float | None"]
 """Seconds left before the caller's deadline; None when it has none."""
 
 _M = TypeVar("_M", bound=Message)
+_T = TypeVar("_T")
 HookRequest = (
-    pb.PartitionRequest | pb.OpsToNotDecomposeRequest | pb.TransformForPreDecompositionRequest
+    pb.PartitionRequest
+    | pb.OpsToNotDecomposeRequest
+    | pb.TransformForPreDecompositionRequest
+    | pb.QuantizeRequest
 )
 _RESPONSES: dict[str, type[Message]] = {
     "Partition": pb.PartitionResponse,
     "OpsToNotDecompose": pb.OpsToNotDecomposeResponse,
     "TransformForPreDecomposition": pb.TransformForPreDecompositionResponse,
+    "Quantize": pb.QuantizeResponse,
 }
 #: A wait longer than this is no wait at all (no deadline may show as a huge remaining time).
 _MAX_WAIT = 7 * 24 * 3600.0
@@ -260,8 +270,11 @@ class PartitionerInstance:
         limits: Limits | None = None,
         results: ResultCache | None = None,
         backends: BackendRegistry | None = None,
+        quantizers: QuantizerRegistry | None = None,
     ) -> None:
         self.registry = registry
+        #: The quantizers ``Quantize`` runs (default: the built-in ones whose backend imports).
+        self.quantizers = quantizers if quantizers is not None else builtin_quantizers()
         #: The backends ``Preprocess`` runs (default: the built-in ones and plugins).
         self.backends = backends if backends is not None else default_backend_registry()
         self.blobs = blobs
@@ -299,6 +312,18 @@ class PartitionerInstance:
                 backend_id=backend.backend_id, description=backend.description,
                 module=backend.module,
             )
+        for name in self.quantizers.names():
+            q = self.quantizers.get(name)
+            qinfo = response.quantizers.add(
+                name=q.name,
+                class_name=f"{q.quantizer_class.__module__}.{q.quantizer_class.__qualname__}",
+                backend_id=q.backend_id,
+                description=q.description,
+            )
+            for key in q.spec_keys.values():
+                k = qinfo.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
+                if key.default is not None:
+                    k.default.CopyFrom(spec_value(key.name, key.default))
         return response
 
     # ------------------------------------------------------------------ blobs
@@ -391,7 +416,23 @@ class PartitionerInstance:
         time_remaining: TimeRemaining,
         hook: Callable[[Partitioner, ExportedProgram], _M],
     ) -> _M:
-        """Build the partitioner, decode the program, run ``hook`` in turn.
+        """A partitioner hook (see :meth:`run_on_program`)."""
+        assert not isinstance(request, pb.QuantizeRequest)
+        ref = request.partitioner
+        return self.run_on_program(
+            rpc, request, time_remaining, lambda: self.partitioner(ref), hook
+        )
+
+    def run_on_program(
+        self,
+        rpc: str,
+        request: HookRequest,
+        time_remaining: TimeRemaining,
+        build: Callable[[], _T],
+        hook: Callable[[_T, ExportedProgram], _M],
+    ) -> _M:
+        """Build the hosted object (``build()``: a partitioner, a quantizer), decode the
+        program, run ``hook`` on both in turn.
 
         A request whose bytes were answered before, and whose blobs (and the answer's) are
         all still held, is answered from the result cache, without a turn.
@@ -401,7 +442,7 @@ class PartitionerInstance:
         for more than its metadata, its answer (or exception) is dropped and the client is
         asked for the data (TENSOR_DATA_REQUIRED).
         """
-        partitioner = self.partitioner(request.partitioner)
+        hosted = build()
         rng_state = _rng_state(request.rng_state)
         program = self._program(request)
         self._check_program(program)
@@ -422,7 +463,7 @@ class PartitionerInstance:
                 # The turn is the process's one hook slot: nothing else uses the generator
                 # between setting the caller's state and reading it back.
                 with _caller_rng(rng_state) as after, watch as reads:
-                    response = hook(partitioner, ep)
+                    response = hook(hosted, ep)
             except value_reads.TensorDataRequired as e:
                 raise self._data_required(rpc, str(e), None) from e
             except hooks.PartitionerRaised as e:
@@ -544,6 +585,21 @@ class PartitionerInstance:
                 response.rng_state = after[0]
         self.results.put(key, response)
         return response
+
+    # ------------------------------------------------------------------ quantizers
+
+    def quantize(
+        self, request: pb.QuantizeRequest, time_remaining: TimeRemaining
+    ) -> pb.QuantizeResponse:
+        """A hosted quantizer's steps on the request's module
+        (:func:`remote_partitioner.server.quantize_call.run`)."""
+        from remote_partitioner.server import quantize_call
+
+        ref = request.quantizer
+        return self.run_on_program(
+            "Quantize", request, time_remaining, lambda: self.quantizer(ref),
+            lambda quantizer, ep: quantize_call.run(quantizer, ep, request),
+        )
 
     # ------------------------------------------------------------------ whole lowering
 
@@ -667,6 +723,28 @@ class PartitionerInstance:
             ) from e
         except Exception as e:  # the partitioner's own constructor refused the spec
             raise partitioner_raised(hooks.remote_exception(e)) from e
+
+    def quantizer(self, ref: pb.QuantizerRef) -> Any:
+        """Build the hosted quantizer ``ref`` names (a torchao ``Quantizer``).
+
+        Raises:
+            ServiceError: UNKNOWN_QUANTIZER; INVALID_SPEC (a duplicate, unknown or ill-typed
+                key); PARTITIONER_RAISED (its constructor refused the spec).
+        """
+        try:
+            hosted = self.quantizers.get(ref.name)
+        except UnknownQuantizerError as e:
+            raise ServiceError(Reason.UNKNOWN_QUANTIZER, str(e), field="quantizer.name") from e
+        spec = spec_from_message(ref.spec)
+        try:
+            return hosted.build(spec)
+        except InvalidSpecError as e:
+            raise ServiceError(
+                Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
+                field=f"quantizer.spec[{e.key}]",
+            ) from e
+        except Exception as e:  # the quantizer's own configuration refused the spec
+            raise partitioner_raised(hooks.remote_exception(e), "the hosted quantizer") from e
 
     def _program(self, request: HookRequest) -> pb.Program:
         """The request's program: inline, or read from the ``program_digest`` blob."""

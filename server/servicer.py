@@ -270,6 +270,11 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     ) -> pb.PreprocessResponse:
         return await self._admitted(context, self.instance.preprocess, request)
 
+    async def Quantize(
+        self, request: pb.QuantizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QuantizeResponse:
+        return await self._admitted(context, self.instance.quantize, request)
+
     # ------------------------------------------------------------------ whole lowering
 
     async def Lower(self, request: pb.LowerRequest, context: grpc.aio.ServicerContext) -> None:

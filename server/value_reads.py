@@ -57,7 +57,7 @@ _MARK = "_remote_partitioner_withheld"
 _PROPERTIES = (
     "shape", "dtype", "device", "requires_grad", "is_leaf", "ndim", "layout", "is_quantized",
     "is_sparse", "is_cuda", "is_cpu", "is_mkldnn", "is_nested", "names", "grad_fn",
-    "is_meta",
+    "is_meta", "_version",
 )
 _METHODS = (
     "size", "stride", "dim", "ndimension", "numel", "nelement", "element_size",

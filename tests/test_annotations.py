@@ -362,6 +362,7 @@ def test_encode_is_deterministic_and_idempotent(conv_net: torch.fx.GraphModule) 
     assert encode_annotations(gm) == msg
 
 
+@pytest.mark.slow  # convert_pt2e exports 96 conv-bn patterns, twice (about 22 s)
 def test_xnnpack_qat(conv_net_train: torch.fx.GraphModule) -> None:
     """QAT: fake-quantize constructors whose wrapper carries ``__module__`` and an observer
     class as a keyword; prepare_qat_pt2e folds conv+bn reading the annotations."""

@@ -42,6 +42,10 @@ then ``codec.encode_program(...)``); its modules, each with one job, are interna
 * ``decode``, ``deserializers`` and ``repair``: message and blobs -> program, the graph read by
   their deserializers, then repaired;
 * ``blob_digests``: the blob digests a message names;
+* ``modules``: a quantizer's unlifted ``GraphModule`` across the wire (``lift_module`` ->
+  program codec -> ``unlift_program``, checked by ``module_fingerprint``) and the edits a
+  quantizer step made to it (``ModuleSnapshot.edits`` on the server, ``apply_edits`` on the
+  client's own module, which is never replaced);
 * ``preprocess``: the node metadata ``Preprocess`` sends beside a program, and
   ``PreprocessResult`` <-> ``PreprocessOutput``.
 
@@ -69,6 +73,14 @@ from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, e
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.graphs import graph_modules, op_from_name, op_name, target_name
 from remote_partitioner.proto.codec.meta_values import decode_meta_value, encode_meta_value
+from remote_partitioner.proto.codec.modules import (
+    EditConflict,
+    ModuleSnapshot,
+    apply_edits,
+    lift_module,
+    module_fingerprint,
+    unlift_program,
+)
 from remote_partitioner.proto.codec.preprocess import (
     apply_node_meta,
     decode_preprocess_result,
@@ -92,14 +104,17 @@ __all__ = [
     "BlobSizeMismatch",
     "CodecError",
     "DigestCache",
+    "EditConflict",
     "EncodedProgram",
     "FingerprintMismatch",
+    "ModuleSnapshot",
     "ProgramDecodeError",
     "ProgramEncodeError",
     "UnknownConstructor",
     "UnrepresentableMeta",
     "WithheldTensors",
     "apply_annotations",
+    "apply_edits",
     "apply_node_meta",
     "check_target",
     "checked_graph_json",
@@ -118,7 +133,10 @@ __all__ = [
     "graph_modules",
     "has_withheld",
     "iter_digests",
+    "lift_module",
+    "module_fingerprint",
     "op_from_name",
     "op_name",
     "target_name",
+    "unlift_program",
 ]

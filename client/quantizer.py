@@ -1,0 +1,243 @@
+"""``RemoteQuantizer``: a torchao PT2E ``Quantizer`` whose steps run on a remote server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import torch
+import torch.fx
+from torchao.quantization.pt2e.quantizer import Quantizer
+
+from remote_partitioner.client.connection import ServerConnection, set_rng_state
+from remote_partitioner.client.errors import (
+    FingerprintMismatchError,
+    QuantizerNotFoundError,
+    RemotePartitionerError,
+    remote_exception,
+)
+from remote_partitioner.proto import codec, errors
+from remote_partitioner.proto.spec import SpecScalar, spec_entries
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+
+
+@dataclass
+class _Answer:
+    """A ``Quantize`` answer waiting for the steps still to come on the module it is for."""
+
+    module: torch.fx.GraphModule
+    #: The module's fingerprint once the answer's earlier steps were applied.
+    fingerprint: str
+    response: pb.QuantizeResponse
+    #: The generator state after the last step the server ran.
+    rng_state: torch.Tensor
+
+
+class RemoteQuantizer(Quantizer, ServerConnection):
+    """A torchao PT2E ``Quantizer`` that runs a quantizer hosted by a remote server.
+
+    It stands wherever the hosted quantizer would: ``prepare_pt2e(model, RemoteQuantizer(...))``
+    (and ``prepare_qat_pt2e``), calibration and ``convert_pt2e`` run unchanged in this
+    process, which needs torch and torchao but not the backend's packages, and the prepared
+    and converted modules are the same as with the local quantizer built with the same spec:
+    the same graph, node names, annotations, observers and ``state_dict``, hence the same
+    ``.pte`` after lowering.
+
+    Contract of each step, as ``prepare_pt2e`` calls them back to back:
+
+    * ``transform_for_annotation(model)`` sends ``model`` to the server once (its weights
+      withheld unless a step reads them), which runs the hosted quantizer's
+      ``transform_for_annotation``, ``annotate`` and ``validate`` on a copy rebuilt there; it
+      applies the transform's edits to ``model`` in place (new constant buffers, ``get_attr``
+      nodes, changed arguments), checks the result's fingerprint against the server's, and
+      returns ``model``.
+    * ``annotate(model)`` applies what ``annotate`` did: dead code it eliminated, and every
+      node's ``quantization_annotation``, rebuilt with the same sharing of spec objects and
+      with observer and fake-quantize constructors resolved by name from an allow-list of
+      torchao's (nothing else is accepted). Called on a module the transform answer is not
+      for (or that changed since), it asks the server for ``annotate`` and ``validate`` alone.
+    * ``validate(model)`` raises what the hosted ``validate`` raised, if anything.
+
+    The process's CPU generator goes with the call and comes back as each step left it (the
+    XNNPACK and Core ML quantizers draw random example inputs while annotating). An exception
+    the hosted quantizer raised is raised at the same step, with the same built-in class and
+    message, the remote traceback chained.
+
+    Args:
+        target: any gRPC target string: ``host:port``, ``ipv4:a:p1,b:p2``, ``dns:///name:port``.
+        quantizer: the hosted quantizer's name (``ListPartitioners``' ``quantizers``), e.g.
+            ``"xnnpack"``.
+        spec: its spec keys and values (bool, int, float, str or bytes), e.g.
+            ``{"is_per_channel": True}``.
+        Others: as for :class:`~remote_partitioner.client.connection.ServerConnection`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        quantizer: str,
+        spec: Mapping[str, SpecScalar] | None = None,
+        *,
+        timeout: float | None = None,
+        channel: grpc.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        check_versions: bool = True,
+        token: str | None = None,
+        max_retries: int = 5,
+        withhold_tensors: bool = True,
+    ) -> None:
+        Quantizer.__init__(self)
+        ServerConnection.__init__(
+            self, target, timeout=timeout, channel=channel, credentials=credentials,
+            options=options, check_versions=check_versions, token=token,
+            max_retries=max_retries, memoize=False, withhold_tensors=withhold_tensors,
+        )
+        self.quantizer_name = quantizer
+        self.spec: dict[str, SpecScalar] = dict(spec or {})
+        self._spec_msg = spec_entries(spec)
+        self._info: pb.QuantizerInfo | None = None
+        # id(module) -> the answer for the steps after the one already applied
+        self._pending: dict[int, _Answer] = {}
+
+    def __repr__(self) -> str:
+        return f"RemoteQuantizer({self.target!r}, {self.quantizer_name!r}, {self.spec!r})"
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        ServerConnection.__setstate__(self, state)
+        self._pending = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = ServerConnection.__getstate__(self)
+        state.pop("_pending", None)
+        return state
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RemoteQuantizer:
+        clone = RemoteQuantizer.__new__(RemoteQuantizer)
+        clone.__setstate__(self.__getstate__())
+        return clone
+
+    @property
+    def info(self) -> pb.QuantizerInfo:
+        """The hosted quantizer's description (fetched once).
+
+        Raises:
+            QuantizerNotFoundError: the server hosts no quantizer of this name.
+        """
+        if self._info is None:
+            listing = self._server_listing()
+            for q in listing.quantizers:
+                if q.name == self.quantizer_name:
+                    self._info = q
+                    break
+            else:
+                names = ", ".join(q.name for q in listing.quantizers) or "none"
+                raise QuantizerNotFoundError(
+                    f"server at {self.target} hosts no quantizer {self.quantizer_name!r}; "
+                    f"hosted: {names}",
+                    grpc.StatusCode.NOT_FOUND,
+                    errors.Reason.UNKNOWN_QUANTIZER.value,
+                )
+        return self._info
+
+    # ------------------------------------------------------------------ the steps
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        before = torch.get_rng_state()
+        response, after, table_fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ALL)
+        if response.raised_step == pb.QUANTIZE_STEP_TRANSFORM:
+            torch.set_rng_state(after)
+            exc = _raised(response)
+            raise exc from exc.__cause__
+        self._apply_edits(model, response.transform_edits, table_fingerprint)
+        # The generator as the transform left it; the annotate step's state is set there.
+        if response.transform_rng_state:
+            set_rng_state(response.transform_rng_state)
+        else:
+            torch.set_rng_state(before)
+        self._pending[id(model)] = _Answer(
+            model, response.transform_edits.fingerprint, response, after
+        )
+        return model
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        answer = self._pending.pop(id(model), None)
+        if (
+            answer is None
+            or answer.module is not model
+            or codec.module_fingerprint(model) != answer.fingerprint
+        ):
+            response, after, fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ANNOTATE)
+            answer = _Answer(model, fingerprint, response, after)
+        response = answer.response
+        torch.set_rng_state(answer.rng_state)
+        if response.raised_step == pb.QUANTIZE_STEP_ANNOTATE:
+            exc = _raised(response)
+            raise exc from exc.__cause__
+        self._apply_edits(model, response.annotate_edits, answer.fingerprint)
+        try:
+            codec.apply_annotations(model, response.annotations)
+        except codec.CodecError as e:
+            raise RemotePartitionerError(
+                f"the server's annotations cannot be applied: {e}",
+                grpc.StatusCode.INTERNAL, errors.Reason.UNREPRESENTABLE_RESULT.value,
+            ) from e
+        if response.raised_step == pb.QUANTIZE_STEP_VALIDATE:
+            self._pending[id(model)] = answer  # validate raises it
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        answer = self._pending.pop(id(model), None)
+        if answer is not None and answer.module is model:
+            exc = _raised(answer.response)
+            raise exc from exc.__cause__
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _quantize(
+        self, model: torch.fx.GraphModule, steps: pb.QuantizeSteps
+    ) -> tuple[pb.QuantizeResponse, torch.Tensor, str]:
+        """Send ``model`` and run ``steps`` on the server; the answer, the generator state
+        after the last step that ran (the process's generator is left there) and the module's
+        fingerprint as sent."""
+        self.info  # noqa: B018 - an unknown name is refused before anything is encoded
+        try:
+            ep, table = codec.lift_module(model)
+        except codec.ProgramEncodeError as e:
+            raise RemotePartitionerError(
+                f"the module cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,
+                errors.Reason.INVALID_PROGRAM.value,
+            ) from e
+        ref = pb.QuantizerRef(name=self.quantizer_name, spec=self._spec_msg)
+
+        def make(digest: pb.Digest) -> pb.QuantizeRequest:
+            return pb.QuantizeRequest(
+                quantizer=ref, program_digest=digest, unlift=table, steps=steps
+            )
+
+        response, _ = self._call_hook("Quantize", make, ep)
+        return response, torch.get_rng_state(), table.fingerprint
+
+    def _apply_edits(
+        self, model: torch.fx.GraphModule, edits: pb.GraphEdits, expected: str
+    ) -> None:
+        """Apply a step's edits to ``model``, whose fingerprint must be ``expected`` before
+        and the edits' after."""
+        try:
+            codec.apply_edits(model, edits, expected=expected)
+        except (codec.FingerprintMismatch, codec.EditConflict) as e:
+            raise FingerprintMismatchError(
+                f"the server's edits give another module here: {e}",
+                grpc.StatusCode.FAILED_PRECONDITION, errors.Reason.FINGERPRINT_MISMATCH.value,
+            ) from e
+
+
+def _raised(response: pb.QuantizeResponse) -> BaseException:
+    """The exception a hosted quantizer's step raised, rebuilt here."""
+    r = response.raised
+    return remote_exception(r.type, r.message, r.traceback, r.without_arguments)
+
+
+__all__ = ["RemoteQuantizer"]

@@ -1,0 +1,92 @@
+"""The ``Quantize`` RPC's logic in plain Python: a hosted PT2E quantizer's steps on the client's
+module, rebuilt here, stated as what the client applies to its own module.
+
+``prepare_pt2e(model, quantizer)`` calls ``quantizer.transform_for_annotation(model)``,
+``quantizer.annotate(model)`` and ``quantizer.validate(model)`` back to back
+(``torchao/quantization/pt2e/quantize_pt2e.py``). The client's ``RemoteQuantizer`` sends its
+module once, at the first of them, lifted into a program (:func:`codec.lift_module`); here the
+module is rebuilt (:func:`codec.unlift_program`, which checks the client's fingerprint) and the
+three steps run on it as they would have on the client. The answer states, per step, what the
+step changed in the graph (:class:`codec.ModuleSnapshot`), the annotations ``annotate`` left
+(:func:`codec.encode_annotations`: observers as allow-listed names), the generator state after
+the transform (the one after the last step is the hook convention's ``rng_state``), and the
+exception a step raised, with the step: the client raises it where the local quantizer would
+have. A change the edits cannot state, or an observer outside the allow-list, is
+``UNREPRESENTABLE_RESULT`` (raised here as :class:`codec.UnrepresentableMeta`), never a silent
+difference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from remote_partitioner.proto import codec
+from remote_partitioner.proto.errors import Reason, ServiceError
+from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
+from remote_partitioner.server import hooks
+
+
+def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.QuantizeResponse:
+    """Rebuild the client's module from ``ep`` and ``request.unlift``, run ``quantizer``'s steps
+    (``request.steps``) on it, and return their edits, annotations and generator states.
+
+    A step that raises ends the run: the response names the step and carries the exception
+    (``raised_step``, ``raised``), with the edits of the steps before it.
+
+    Raises:
+        ServiceError: FINGERPRINT_MISMATCH (the rebuilt module differs from the client's),
+            INVALID_PROGRAM (the unlift table does not fit the program).
+        codec.UnrepresentableMeta: a step changed the module in a way the edits cannot
+            state, or annotated with a constructor outside the allow-list.
+    """
+    try:
+        gm = codec.unlift_program(ep, request.unlift)
+    except codec.FingerprintMismatch as e:
+        raise ServiceError(Reason.FINGERPRINT_MISMATCH, str(e)) from e
+    except codec.ProgramDecodeError as e:
+        raise ServiceError(
+            Reason.INVALID_PROGRAM, f"the module cannot be rebuilt: {e}", field="unlift"
+        ) from e
+    response = pb.QuantizeResponse()
+    if request.steps != pb.QUANTIZE_STEPS_ANNOTATE:
+        snapshot = codec.ModuleSnapshot(gm)
+        try:
+            out = quantizer.transform_for_annotation(gm)
+            if not isinstance(out, torch.fx.GraphModule):
+                raise TypeError(
+                    f"transform_for_annotation returned {type(out).__name__}, "
+                    "not a torch.fx.GraphModule"
+                )
+        except Exception as e:
+            return _raised(response, pb.QUANTIZE_STEP_TRANSFORM, e)
+        response.transform_edits.CopyFrom(snapshot.edits(out))
+        response.transform_rng_state = torch.get_rng_state().numpy().tobytes()
+        gm = out
+    snapshot = codec.ModuleSnapshot(gm)
+    try:
+        quantizer.annotate(gm)  # in place; prepare_pt2e ignores what it returns
+    except Exception as e:
+        return _raised(response, pb.QUANTIZE_STEP_ANNOTATE, e)
+    response.annotate_edits.CopyFrom(snapshot.edits(gm))
+    response.annotations.CopyFrom(codec.encode_annotations(gm))
+    try:
+        quantizer.validate(gm)
+    except Exception as e:
+        return _raised(response, pb.QUANTIZE_STEP_VALIDATE, e)
+    return response
+
+
+def _raised(
+    response: pb.QuantizeResponse, step: pb.QuantizeStep, exc: Exception
+) -> pb.QuantizeResponse:
+    if isinstance(exc, codec.UnrepresentableMeta):  # ours, not the quantizer's
+        raise exc
+    response.raised_step = step
+    response.raised.CopyFrom(hooks.remote_exception(exc))
+    return response
+
+
+__all__ = ["run"]
