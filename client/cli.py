@@ -208,9 +208,9 @@ def add_commands(sub: Any) -> None:
     common.add_argument("--json", action="store_true",
                         help="print the result as JSON on stdout, an error as JSON on stderr")
     sub.add_parser("list", parents=[common], formatter_class=_Help,
-                   help="list the hosted partitioners and the server's versions",
-                   description="List the partitioners the server hosts, their spec keys, and "
-                   "the server's torch / ExecuTorch versions.")
+                   help="list the hosted partitioners and quantizers and the server's versions",
+                   description="List the partitioners and quantizers the server hosts, their "
+                   "spec keys, and the server's torch / ExecuTorch versions.")
     for name, helptext in (
         ("partition", "report what the partitioners would delegate in a .pt2 archive"),
         ("lower", "lower a .pt2 archive into a .pte on the server"),
@@ -416,7 +416,9 @@ def list_json(response: pb.ListPartitionersResponse) -> dict[str, Any]:
     """``list --json``: the response with every field, each spec key's ``default`` as a plain
     value (null when it has none)."""
     out = message_json(response, defaults=True)
-    for p_msg, p in zip(response.partitioners, out.get("partitioners", []), strict=True):
+    hosted = [*zip(response.partitioners, out.get("partitioners", []), strict=True),
+              *zip(response.quantizers, out.get("quantizers", []), strict=True)]
+    for p_msg, p in hosted:
         keys = p.get("spec_keys", [])
         for i, (k_msg, k) in enumerate(zip(p_msg.spec_keys, keys, strict=True)):
             which = k_msg.default.WhichOneof("value") if k_msg.HasField("default") else None
@@ -491,7 +493,8 @@ _TYPE_NAMES = {
 
 def list_lines(response: pb.ListPartitionersResponse) -> list[str]:
     """``list``'s text: the server's versions, then per partitioner its backend, class,
-    description, overridden hooks and spec keys (type, default, doc)."""
+    description, overridden hooks and spec keys (type, default, doc), then per quantizer
+    (``RemoteQuantizer``) its backend, class, description and spec keys."""
     v = response.versions
     lines = [f"server {v.server} (api {v.api}): torch {v.torch}, executorch {v.executorch}, "
              f"export schema {v.export_schema}"]
@@ -501,14 +504,23 @@ def list_lines(response: pb.ListPartitionersResponse) -> list[str]:
             lines.append(f"  {p.description}")
         hooks = [pb.Hook.Name(h).removeprefix("HOOK_").lower() for h in p.overridden_hooks]
         lines.append(f"  hooks: {', '.join(hooks) or '-'}")
-        if not p.spec_keys:
-            lines.append("  spec keys: none")
-            continue
-        lines.append("  spec keys:")
-        for k in p.spec_keys:
-            type_name = _TYPE_NAMES.get(k.type, pb.SpecType.Name(k.type))
-            doc = f"  -- {k.doc}" if k.doc else ""
-            lines.append(f"    {k.name}: {type_name}{_format_default(k)}{doc}")
+        lines += _spec_key_lines(p.spec_keys)
+    for q in response.quantizers:
+        lines += ["", f"quantizer {q.name}  {q.backend_id}  {q.class_name}"]
+        if q.description:
+            lines.append(f"  {q.description}")
+        lines += _spec_key_lines(q.spec_keys)
+    return lines
+
+
+def _spec_key_lines(keys: Sequence[pb.SpecKeyInfo]) -> list[str]:
+    if not keys:
+        return ["  spec keys: none"]
+    lines = ["  spec keys:"]
+    for k in keys:
+        type_name = _TYPE_NAMES.get(k.type, pb.SpecType.Name(k.type))
+        doc = f"  -- {k.doc}" if k.doc else ""
+        lines.append(f"    {k.name}: {type_name}{_format_default(k)}{doc}")
     return lines
 
 

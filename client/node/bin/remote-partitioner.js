@@ -74,7 +74,7 @@ into its page. The command line's reference: docs/cli.md (the server, \`serve\`,
 CLI's).
 
 commands:
-  list                    list the hosted partitioners and the server's versions
+  list                    list the hosted partitioners and quantizers and the server's versions
   partition               report what the partitioners would delegate in a .pt2 archive
   lower                   lower a .pt2 archive into a .pte on the server
   report                  turn a delegation report's JSON into its HTML page, offline
@@ -84,8 +84,8 @@ options:
   --version               print this client's version (and node's, grpc-js'), exit`,
   list: `usage: remote-partitioner list [options]
 
-List the partitioners the server hosts, their spec keys, and the server's torch / ExecuTorch
-versions.
+List the partitioners and quantizers the server hosts, their spec keys, and the server's
+torch / ExecuTorch versions.
 
 ${COMMON_HELP}`,
   partition: `usage: remote-partitioner partition MODEL.pt2 --partitioner NAME [--spec KEY=VALUE ...]
@@ -237,15 +237,22 @@ export function listLines(listing) {
     if (p.description) lines.push(`  ${p.description}`);
     const hooks = p.overridden_hooks.map((h) => h.replace(/^HOOK_/, '').toLowerCase());
     lines.push(`  hooks: ${hooks.join(', ') || '-'}`);
-    if (p.spec_keys.length === 0) {
-      lines.push('  spec keys: none');
-      continue;
-    }
-    lines.push('  spec keys:');
-    for (const k of p.spec_keys) {
-      const doc = k.doc ? `  -- ${k.doc}` : '';
-      lines.push(`    ${k.name}: ${TYPE_NAMES[k.type] ?? k.type}${formatDefault(k)}${doc}`);
-    }
+    lines.push(...specKeyLines(p.spec_keys));
+  }
+  for (const q of listing.quantizers ?? []) {
+    lines.push('', `quantizer ${q.name}  ${q.backend_id}  ${q.class_name}`);
+    if (q.description) lines.push(`  ${q.description}`);
+    lines.push(...specKeyLines(q.spec_keys));
+  }
+  return lines;
+}
+
+function specKeyLines(keys) {
+  if (keys.length === 0) return ['  spec keys: none'];
+  const lines = ['  spec keys:'];
+  for (const k of keys) {
+    const doc = k.doc ? `  -- ${k.doc}` : '';
+    lines.push(`    ${k.name}: ${TYPE_NAMES[k.type] ?? k.type}${formatDefault(k)}${doc}`);
   }
   return lines;
 }

@@ -95,9 +95,13 @@ export function listToJson(response) {
     type, type.toObject(type.fromObject(response), { ...JSON_OPTIONS, defaults: true }),
   );
   const valueType = apiType('SpecValue');
-  out.partitioners.forEach((p, j) => {
+  const hosted = [
+    ...out.partitioners.map((p, j) => [p, response.partitioners[j]]),
+    ...(out.quantizers ?? []).map((q, j) => [q, response.quantizers[j]]),
+  ];
+  hosted.forEach(([p, received_p]) => {
     p.spec_keys = p.spec_keys.map((k, i) => {
-      const received = response.partitioners[j].spec_keys[i].default;
+      const received = received_p.spec_keys[i].default;
       let value = null;
       if (received && received.value) {
         const v = valueType.toObject(valueType.fromObject(received), {
