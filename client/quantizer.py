@@ -60,6 +60,10 @@ class RemoteQuantizer(Quantizer, ServerConnection):
       for (or that changed since), it asks the server for ``annotate`` and ``validate`` alone.
     * ``validate(model)`` raises what the hosted ``validate`` raised, if anything.
 
+    A module that already carries annotations (an earlier quantizer of a
+    ``ComposableQuantizer``) is refused with ``ValueError``: existing annotations do not cross
+    to the server yet.
+
     The process's CPU generator goes with the call and comes back as each step left it (the
     XNNPACK and Core ML quantizers draw random example inputs while annotating). An exception
     the hosted quantizer raised is raised at the same step, with the same built-in class and
@@ -145,6 +149,7 @@ class RemoteQuantizer(Quantizer, ServerConnection):
     # ------------------------------------------------------------------ the steps
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        _refuse_annotated(model)
         before = torch.get_rng_state()
         response, after, table_fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ALL)
         if response.raised_step == pb.QUANTIZE_STEP_TRANSFORM:
@@ -163,6 +168,7 @@ class RemoteQuantizer(Quantizer, ServerConnection):
         return model
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        _refuse_annotated(model)
         answer = self._pending.pop(id(model), None)
         if (
             answer is None
@@ -232,6 +238,18 @@ class RemoteQuantizer(Quantizer, ServerConnection):
                 f"the server's edits give another module here: {e}",
                 grpc.StatusCode.FAILED_PRECONDITION, errors.Reason.FINGERPRINT_MISMATCH.value,
             ) from e
+
+
+def _refuse_annotated(model: torch.fx.GraphModule) -> None:
+    """Refuse a module an earlier quantizer annotated: annotations do not cross to the server,
+    whose quantizer (which skips annotated nodes) would then answer differently."""
+    for node in model.graph.nodes:
+        if node.meta.get("quantization_annotation") is not None:
+            raise ValueError(
+                f"node {node.name!r} is already annotated (an earlier quantizer of a "
+                "ComposableQuantizer?): RemoteQuantizer does not send existing annotations "
+                "to the server; put it first, or use it alone"
+            )
 
 
 def _raised(response: pb.QuantizeResponse) -> BaseException:

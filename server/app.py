@@ -23,6 +23,7 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.backend_registry import BackendRegistry
 from remote_partitioner.server.blobstore import Blobs, BlobStore
 from remote_partitioner.server.instance import PartitionerInstance, versions_key
+from remote_partitioner.server.quantizers import QuantizerRegistry, default_quantizers
 from remote_partitioner.server.registry import Registry, default_registry
 from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import RemotePartitionerServicer
@@ -157,6 +158,7 @@ def create_server(
     *,
     registry: Registry | None = None,
     backends: BackendRegistry | None = None,
+    quantizers: QuantizerRegistry | None = None,
     blob_store: Blobs | None = None,
     limits: Limits | None = None,
     result_cache: ResultCache | None = None,
@@ -174,7 +176,8 @@ def create_server(
     :meth:`Server.enter_graceful_shutdown`) and server reflection listing every service. Hook
     responses are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns
     it off). ``io_threads`` threads hash, store and read blobs. ``backends`` are the backends
-    ``Preprocess`` runs (default: the built-in ones and plugins).
+    ``Preprocess`` runs (default: the built-in ones and plugins), ``quantizers`` the quantizers
+    ``Quantize`` runs (default: the built-in ones and plugins).
 
     The port is the server's alone: an address another socket holds is refused, whatever
     options that socket set (gRPC sets ``SO_REUSEPORT`` by default, which would let two
@@ -192,6 +195,7 @@ def create_server(
         limits,
         result_cache if result_cache is not None else ResultCache(versions=versions_key()),
         backends,
+        quantizers if quantizers is not None else default_quantizers(),
     )
     handle = Server()
 

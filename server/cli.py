@@ -85,6 +85,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from remote_partitioner.server.blobstore import open_blob_store
     from remote_partitioner.server.instance import versions_key
     from remote_partitioner.server.observability import Metrics, ObservabilityInterceptor
+    from remote_partitioner.server.quantizers import default_quantizers
     from remote_partitioner.server.registry import default_registry
     from remote_partitioner.server.results import ResultCache, results_directory
 
@@ -114,7 +115,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         server, port = create_server(
             args.address, registry=registry,
-            backends=default_backend_registry(plugins=not args.no_plugins), blob_store=store,
+            backends=default_backend_registry(plugins=not args.no_plugins),
+            quantizers=default_quantizers(plugins=not args.no_plugins), blob_store=store,
             limits=limits,
             result_cache=ResultCache(
                 args.result_cache_bytes, versions=versions_key(),
@@ -216,7 +218,8 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     # workers: each worker runs with this flag (SO_REUSEPORT); a second `serve` is refused.
     serve.add_argument("--share-port", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--no-plugins", action="store_true",
-                       help="host only the built-in partitioners, not entry-point plugins")
+                       help="host only the built-in partitioners, backends and quantizers, "
+                       "not entry-point plugins")
     serve.add_argument("--no-pattern-memo", action="store_true",
                        help="build the backends' and quantizers' pattern graphs on every "
                        "call, as ExecuTorch does, instead of once per process (same graphs and "

@@ -60,7 +60,7 @@ from remote_partitioner.server.blobstore import (
 from remote_partitioner.server.quantizers import (
     QuantizerRegistry,
     UnknownQuantizerError,
-    builtin_quantizers,
+    default_quantizers,
 )
 from remote_partitioner.server.registry import (
     InvalidSpecError,
@@ -273,8 +273,8 @@ class PartitionerInstance:
         quantizers: QuantizerRegistry | None = None,
     ) -> None:
         self.registry = registry
-        #: The quantizers ``Quantize`` runs (default: the built-in ones whose backend imports).
-        self.quantizers = quantizers if quantizers is not None else builtin_quantizers()
+        #: The quantizers ``Quantize`` runs (default: the built-in ones and plugins).
+        self.quantizers = quantizers if quantizers is not None else default_quantizers()
         #: The backends ``Preprocess`` runs (default: the built-in ones and plugins).
         self.backends = backends if backends is not None else default_backend_registry()
         self.blobs = blobs

@@ -320,3 +320,17 @@ def test_a_process_without_backends_quantizes_and_lowers(
     )
     remote = out.read_bytes()
     assert remote == local, f"remote .pte ({len(remote)} B) differs from local ({len(local)} B)"
+
+
+def test_a_module_annotated_before_is_refused(server_address: str) -> None:
+    """In a ComposableQuantizer after a local quantizer, the module arrives annotated; the
+    annotations would not reach the server, so the call is refused rather than answered
+    differently from local."""
+    from torchao.quantization.pt2e.quantizer import ComposableQuantizer
+
+    gm = torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
+    composed = ComposableQuantizer([
+        _local_quantizer("vulkan", {}), RemoteQuantizer(server_address, "xnnpack"),
+    ])
+    with pytest.raises(ValueError, match="already annotated"):
+        prepare_pt2e(gm, composed)  # type: ignore[arg-type]
