@@ -133,11 +133,9 @@ class HostedQuantizer:
             InvalidSpecError: A key is not accepted, or its value has the wrong type or does
                 not parse.
         """
-        # The partitioner's validation, run on this quantizer's name and keys (one code path:
-        # the same errors and messages).
-        from remote_partitioner.server.registry import HostedPartitioner
+        from remote_partitioner.server.registry import validate_spec
 
-        return HostedPartitioner.validate(self, spec)  # type: ignore[arg-type]
+        return validate_spec(self.name, self.spec_keys, spec)
 
     def build(self, spec: Mapping[str, object]) -> Quantizer:
         """Validates ``spec`` and builds a fresh quantizer from it.

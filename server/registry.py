@@ -128,6 +128,58 @@ def _type_matches(expected: type, value: object) -> bool:
     return isinstance(value, expected)
 
 
+def validate_spec(
+    name: str, spec_keys: Mapping[str, SpecKey], spec: Mapping[str, object]
+) -> dict[str, SpecValue]:
+    """Type-checks a client's spec against the hosted object ``name``'s ``spec_keys`` (one
+    check for partitioners and quantizers).
+
+    An int is accepted for a float key (and converted); a bool is never accepted
+    for an int key, nor an int for a bool key. Enum-like and list-like strings
+    are parsed here too, so that a bad member name fails validation.
+
+    Returns:
+        The spec's keys, in the client's order, with checked (and for float,
+        converted) values. Keys the client did not send are absent.
+
+    Raises:
+        InvalidSpecError: A key is not accepted, or its value has the wrong type
+            or does not parse.
+    """
+    validated: dict[str, SpecValue] = {}
+    for raw_key, value in spec.items():
+        key = spec_keys.get(raw_key) if isinstance(raw_key, str) else None
+        if key is None:
+            accepted = sorted(spec_keys)
+            raise InvalidSpecError(
+                str(raw_key),
+                "",
+                f"{name}: unknown spec key {raw_key!r}; accepted keys: "
+                f"{', '.join(accepted) or '(none)'}",
+                accepted,
+            )
+        expected = key.type.__name__
+        if not _type_matches(key.type, value):
+            raise InvalidSpecError(
+                key.name,
+                expected,
+                f"{name}: spec key {key.name!r} expects {expected}, "
+                f"got {type(value).__name__} {value!r}",
+            )
+        checked = cast(SpecValue, value)
+        if key.type is float:
+            checked = float(checked)
+        if key.parse is not None:
+            try:
+                key.parse(checked)
+            except ValueError as e:
+                raise InvalidSpecError(
+                    key.name, expected, f"{name}: spec key {key.name!r}: {e}", key.choices
+                ) from e
+        validated[key.name] = checked
+    return validated
+
+
 @dataclass(frozen=True)
 class HostedPartitioner:
     """A partitioner the server hosts.
@@ -179,52 +231,8 @@ class HostedPartitioner:
         return tuple(overridden)
 
     def validate(self, spec: Mapping[str, object]) -> dict[str, SpecValue]:
-        """Type-checks a client's spec.
-
-        An int is accepted for a float key (and converted); a bool is never accepted
-        for an int key, nor an int for a bool key. Enum-like and list-like strings
-        are parsed here too, so that a bad member name fails validation.
-
-        Returns:
-            The spec's keys, in the client's order, with checked (and for float,
-            converted) values. Keys the client did not send are absent.
-
-        Raises:
-            InvalidSpecError: A key is not accepted, or its value has the wrong type
-                or does not parse.
-        """
-        validated: dict[str, SpecValue] = {}
-        for raw_key, value in spec.items():
-            key = self.spec_keys.get(raw_key) if isinstance(raw_key, str) else None
-            if key is None:
-                accepted = sorted(self.spec_keys)
-                raise InvalidSpecError(
-                    str(raw_key),
-                    "",
-                    f"{self.name}: unknown spec key {raw_key!r}; accepted keys: "
-                    f"{', '.join(accepted) or '(none)'}",
-                    accepted,
-                )
-            expected = key.type.__name__
-            if not _type_matches(key.type, value):
-                raise InvalidSpecError(
-                    key.name,
-                    expected,
-                    f"{self.name}: spec key {key.name!r} expects {expected}, "
-                    f"got {type(value).__name__} {value!r}",
-                )
-            checked = cast(SpecValue, value)
-            if key.type is float:
-                checked = float(checked)
-            if key.parse is not None:
-                try:
-                    key.parse(checked)
-                except ValueError as e:
-                    raise InvalidSpecError(
-                        key.name, expected, f"{self.name}: spec key {key.name!r}: {e}", key.choices
-                    ) from e
-            validated[key.name] = checked
-        return validated
+        """Type-checks a client's spec (:func:`validate_spec`)."""
+        return validate_spec(self.name, self.spec_keys, spec)
 
     def create(self, spec: Mapping[str, object]) -> Partitioner:
         """Validates ``spec`` and builds a partitioner instance from it.

@@ -334,3 +334,65 @@ def test_a_module_annotated_before_is_refused(server_address: str) -> None:
     ])
     with pytest.raises(ValueError, match="already annotated"):
         prepare_pt2e(gm, composed)  # type: ignore[arg-type]
+
+
+class _DrawsThenRaises(Quantizer):
+    """A quantizer whose transform adds a constant (as XNNPACK's does) and whose annotate
+    draws from the generator, annotates one node, then raises."""
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import (
+            _convert_scalars_to_attrs,
+        )
+
+        return _convert_scalars_to_attrs(model)
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        torch.randn(7)
+        raise IndexError("no pattern for node 'linear'")
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        pass
+
+
+def test_a_step_that_raises_raises_at_the_same_step() -> None:
+    """The exception comes back at ``annotate`` (after the transform's edits were applied, as
+    locally), with its class and message, and the generator as the step left it."""
+    from servers import inproc_server
+
+    from remote_partitioner.server.quantizers import HostedQuantizer, QuantizerRegistry
+
+    hosted = HostedQuantizer("raises", "XnnpackBackend", {}, lambda spec: _DrawsThenRaises(),
+                             _DrawsThenRaises)
+
+    def run(quantizer: Quantizer) -> tuple[str, str, torch.Tensor]:
+        torch.manual_seed(3)
+        gm = torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
+        with pytest.raises(IndexError, match="no pattern for node 'linear'") as e:
+            prepare_pt2e(gm, quantizer)  # type: ignore[arg-type]
+        step = e.traceback[-1].name if isinstance(quantizer, _DrawsThenRaises) else ""
+        return gm.code, step, torch.get_rng_state()
+
+    local_code, local_step, local_rng = run(_DrawsThenRaises())
+    assert local_step == "annotate" and "_tensor_constant" in local_code
+    with inproc_server(quantizers=QuantizerRegistry([hosted])) as (_, target):
+        remote = RemoteQuantizer(target, "raises")
+        code, _, rng = run(remote)
+    assert code == local_code
+    assert torch.equal(rng, local_rng)
+
+
+def test_a_training_module_is_refused_clearly(server_address: str) -> None:
+    """A module exported in training mode (for QAT) updates batch norm's buffers in place
+    (``add_``), which the lifted program cannot state yet: refused before any call, with the
+    operator named, not answered differently."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+
+    from remote_partitioner.client.errors import RemotePartitionerError
+
+    gm = torch.export.export(ConvBnLinear().train(), (torch.randn(2, 3, 8, 8),)).module()
+    quantizer = RemoteQuantizer(server_address, "xnnpack", {"is_qat": True})
+    with pytest.raises(RemotePartitionerError, match=r"aten\.add_\.Tensor") as e:
+        prepare_qat_pt2e(gm, quantizer)  # type: ignore[arg-type]
+    assert e.value.reason == "INVALID_PROGRAM"
+    assert quantizer.stats["calls"] == 1  # the listing only
