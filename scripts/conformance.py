@@ -11,7 +11,10 @@ test's name, with ``--seed`` as the run seed). A test is *identical* when both r
 outcome, the same ``.pte`` bytes (Core ML normalized for what two local Core ML lowerings differ
 in: fresh UUIDs and the order of the mlpackage manifest's entries) and leave the same random
 generator state after lowering. Each Core ML lowering starts from coremltools' fresh conversion
-state (its name counters survive a conversion that raised).
+state (its name counters survive a conversion that raised). With ``--remote-quantizer`` the
+twin's quantize stage runs a ``RemoteQuantizer`` too, for the hosted quantizer and spec that
+rebuild the flow's own quantizer object (:func:`quantizer_spec`); only the flows with a quantize
+stage (:data:`QUANTIZING_FLOWS`) can run so.
 
 Usage::
 
@@ -19,6 +22,7 @@ Usage::
     python scripts/conformance.py --flows xnnpack coreml -k "test_add or test_lstm"
     python scripts/conformance.py --suite operators --json build/conformance.json
     python scripts/conformance.py --remote-preprocess --flows vulkan   # preprocess on the server
+    python scripts/conformance.py --remote-quantizer --suite operators  # quantizers remote too
     python scripts/conformance.py --jobs 2 --resume      # two processes, one server, one log
 
 It prints pytest's progress, then a table per flow (tests, identical, differing, failing remote
@@ -61,7 +65,15 @@ HOSTED_FLOWS = (
     "xnnpack_dynamic_int8_per_channel", "coreml", "coreml_static_int8", "vulkan",
     "vulkan_static_int8_per_channel",
 )
+#: The hosted flows with a quantize stage: the ones ``--remote-quantizer`` applies to.
+QUANTIZING_FLOWS = (
+    "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
+    "xnnpack_dynamic_int8_per_channel", "coreml_static_int8", "vulkan_static_int8_per_channel",
+)
 SUITES = ("operators", "models")
+#: Appended to a flow's name in tables and logs when the twin quantizes with a
+#: ``RemoteQuantizer`` (``--remote-quantizer``); it comes before :data:`SERVER_PREPROCESS_SUFFIX`.
+REMOTE_QUANTIZER_SUFFIX = "+remote-quantizer"
 #: Appended to a flow's name in tables and logs when the twin preprocesses on the server.
 SERVER_PREPROCESS_SUFFIX = "+server-preprocess"
 #: A test's timeout here, as a multiple of the suite's own (which is for one lowering, 120 s
@@ -242,6 +254,108 @@ def install_memos() -> None:
     memoize_vulkan_pattern_graphs()
 
 
+def flow_suffix(*, remote_quantizer: bool = False, remote_preprocess: bool = False) -> str:
+    """What the twin's flow name is tabled and logged with after the flow's name: ``""``,
+    ``+remote-quantizer``, ``+server-preprocess`` or, both, ``+remote-quantizer+server-preprocess``
+    (always in that order)."""
+    return ((REMOTE_QUANTIZER_SUFFIX if remote_quantizer else "")
+            + (SERVER_PREPROCESS_SUFFIX if remote_preprocess else ""))
+
+
+#: The keyword arguments, and the values of each, that :func:`quantizer_spec` tries when it
+#: looks for the ``get_symmetric_quantization_config`` call that made a quantizer's global
+#: config: per hosted quantizer, (module of the function and the quantizer class, the class
+#: name, {keyword: values}). Each keyword is also tried absent; the other keywords (the
+#: quant_min/max ones) only absent. The product is kept under the functions' ``lru_cache`` size
+#: (128): the candidate calls add cache entries, and the one sought must not be evicted first.
+_CONFIG_CANDIDATES: dict[str, tuple[str, str, dict[str, tuple[object, ...]]]] = {
+    "xnnpack": ("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", "XNNPACKQuantizer",
+                {"is_per_channel": (True, False), "is_qat": (False, True),
+                 "is_dynamic": (False, True)}),
+    "vulkan": ("executorch.backends.vulkan.quantizer.vulkan_quantizer", "VulkanQuantizer",
+               {"is_dynamic": (False, True), "weight_bits": (8, 4), "act_bits": (8,)}),
+}
+
+
+def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
+    """The hosted quantizer (``"xnnpack"``, ``"vulkan"``, ``"coreml"``) and spec whose
+    ``RemoteQuantizer`` rebuilds ``quantizer`` exactly as the server builds it, derived from the
+    object itself (not from a flow's name):
+
+    * ``XNNPACKQuantizer`` / ``VulkanQuantizer``: the server builds
+      ``Quantizer().set_global(get_symmetric_quantization_config(**spec))``, calling that
+      ``functools.lru_cache``d function with the spec's keys only, in its parameter order. The
+      spec is the candidate (:data:`_CONFIG_CANDIDATES`, fewest keys first) whose call returns
+      the very object (``is``) that is ``quantizer.global_config``, and ``quantizer`` must hold
+      nothing else (its attributes equal those of a fresh quantizer given that config: no
+      operator, module type or name configs, no filter function).
+    * ``CoreMLQuantizer``: ``{}`` when its config equals the one ExecuTorch's Core ML tester
+      quantizes with (``_get_static_int8_linear_qconfig()``), which the server's ``coreml``
+      quantizer builds for ``{}``.
+
+    Raises:
+        TypeError: naming ``quantizer``, when no spec rebuilds it (another class, a config made
+            otherwise, other settings): the twin is never compared with another quantizer.
+    """
+    import inspect
+    import itertools
+
+    kind = type(quantizer).__name__
+    for name, (module_name, class_name, candidates) in _CONFIG_CANDIDATES.items():
+        if kind != class_name:
+            continue
+        module = importlib.import_module(module_name)
+        if type(quantizer) is not getattr(module, class_name):
+            break
+        make_config = module.get_symmetric_quantization_config
+        target = getattr(quantizer, "global_config", None)
+        order = list(inspect.signature(make_config).parameters)
+        options = [[(key, value) for value in values] for key, values in candidates.items()]
+        specs = [dict(c) for n in range(len(options) + 1)
+                 for keys in itertools.combinations(options, n) for c in itertools.product(*keys)]
+        assert len(specs) < (make_config.cache_info().maxsize or len(specs) + 1)
+        for spec in specs:
+            spec = {k: spec[k] for k in order if k in spec}
+            try:
+                config = make_config(**spec)
+            except (ValueError, TypeError, AssertionError):
+                continue
+            if target is not None and config is target:
+                reference = getattr(module, class_name)().set_global(target)
+                if vars(reference) == vars(quantizer):
+                    return name, spec
+                break
+        break
+    if kind == "CoreMLQuantizer":
+        from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+        from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
+
+        if (type(quantizer) is CoreMLQuantizer
+                and vars(quantizer) == vars(CoreMLQuantizer(_get_static_int8_linear_qconfig()))):
+            return "coreml", {}
+    raise TypeError(f"no hosted quantizer and spec rebuild {quantizer!r} ({kind}): a "
+                    "RemoteQuantizer would quantize with another configuration")
+
+
+def _remote_quantizer(quantizer: Any, target: str) -> Any:
+    """A ``RemoteQuantizer`` on ``target`` for the hosted quantizer and spec that rebuild
+    ``quantizer`` (:func:`quantizer_spec`, whose TypeError it raises)."""
+    from remote_partitioner.client import RemoteQuantizer
+
+    name, spec = quantizer_spec(quantizer)
+    return RemoteQuantizer(target, name, spec, timeout=1800)
+
+
+def describe_quantizer(quantizer: Any) -> str:
+    """What a quantize stage ran with, for the log: ``RemoteQuantizer('NAME', {SPEC})`` (the
+    server's address left out), or the quantizer's class name."""
+    from remote_partitioner.client import RemoteQuantizer
+
+    if isinstance(quantizer, RemoteQuantizer):
+        return f"RemoteQuantizer({quantizer.quantizer_name!r}, {quantizer.spec!r})"
+    return type(quantizer).__name__
+
+
 def _remote_twin(
     partitioner: Any, target: str, flow: Any, remote_preprocess: bool = False
 ) -> Any:
@@ -277,6 +391,8 @@ class Lowering:
     seconds: float = 0.0
     #: of which lowering (the suite's own measure)
     lower_seconds: float = 0.0
+    #: what the quantize stage ran with (:func:`describe_quantizer`); None without one
+    quantizer: str | None = None
 
 
 @dataclasses.dataclass
@@ -297,6 +413,7 @@ class Comparison:
                 "pte_sha256": hashlib.sha256(x.pte).hexdigest() if x.pte is not None else None,
                 "pte_bytes": len(x.pte) if x.pte is not None else None,
                 "seconds": round(x.seconds, 3), "lower_seconds": round(x.lower_seconds, 3),
+                **({"quantizer": x.quantizer} if x.quantizer is not None else {}),
             }
 
         return {"test": self.test, "flow": self.flow, "subtest": self.subtest,
@@ -310,6 +427,7 @@ class ConformancePlugin:
     def __init__(
         self, target: str, flows: list[str], seed: int, json_path: Path | None,
         *, resume: bool = False, remote_preprocess: bool = False,
+        remote_quantizer: bool = False,
         shard: tuple[int, int] | None = None, memoize: bool = True,
         timeout_factor: float = TWIN_TIMEOUT_FACTOR,
     ) -> None:
@@ -325,7 +443,12 @@ class ConformancePlugin:
         #: The twins run the backends' preprocess on the server too (``--remote-preprocess``);
         #: their results are logged and tabled under ``FLOW+server-preprocess``.
         self.remote_preprocess = remote_preprocess
-        self.suffix = SERVER_PREPROCESS_SUFFIX if remote_preprocess else ""
+        #: The twins' quantize stage runs a ``RemoteQuantizer`` for the hosted quantizer and
+        #: spec that rebuild the flow's own (``--remote-quantizer``; :func:`quantizer_spec`):
+        #: every flow must have a quantize stage. Tabled under ``FLOW+remote-quantizer``.
+        self.remote_quantizer = remote_quantizer
+        self.suffix = flow_suffix(remote_quantizer=remote_quantizer,
+                                  remote_preprocess=remote_preprocess)
         self.flows = flows
         self.seed = seed
         self.json_path = json_path
@@ -362,6 +485,9 @@ class ConformancePlugin:
         if missing:
             raise SystemExit(f"flows not available in this process: {missing}")
         chosen = {name: every[name] for name in self.flows}
+        unquantized = [name for name, flow in chosen.items() if not flow.quantize]
+        if self.remote_quantizer and unquantized:
+            raise SystemExit(f"--remote-quantizer: flows without a quantize stage: {unquantized}")
         flow_module.all_flows = lambda: dict(chosen)
 
         def test_seed(test_base_name: str) -> int:
@@ -454,6 +580,14 @@ class ConformancePlugin:
                 )
         if local.rng_after_lowering != remote.rng_after_lowering:
             differences.append("random generator state after lowering differs")
+        if (local.quantizer is None) != (remote.quantizer is None):
+            differences.append(
+                f"quantize stage: local {local.quantizer}, remote {remote.quantizer}")
+        elif (self.remote_quantizer and remote.quantizer is not None
+              and not remote.quantizer.startswith("RemoteQuantizer(")):
+            # (the twin could not rebuild the flow's quantizer: quantizer_spec's TypeError)
+            differences.append(f"quantize stage: the twin ran {remote.quantizer}, not a "
+                               f"RemoteQuantizer ({remote.error[:300]})")
         comparison = Comparison(
             test_name, flow.name + self.suffix, subtest, local, remote, differences
         )
@@ -491,7 +625,8 @@ class ConformancePlugin:
             if marker is not None and marker.args and isinstance(marker.args[0], (int, float)):
                 item.add_marker(pytest.mark.timeout(self.timeout_factor * marker.args[0]),
                                 append=False)
-        keep, skipped = [], []
+        keep: list[Any] = []
+        skipped: list[Any] = []
         for index, item in enumerate(items):
             # Shards are dealt from the whole collection, before the log is consulted: the
             # shards of one run read the log at different moments.
@@ -507,10 +642,25 @@ class ConformancePlugin:
         from executorch.backends.test.harness.stages import StageType
 
         target, remote_preprocess = self.target, self.remote_preprocess
+        remote_quantizer = self.remote_quantizer
 
         def factory(*args: Any, **kwargs: Any) -> Any:
             tester = flow.tester_factory(*args, **kwargs)
             make = tester.stage_classes[StageType.TO_EDGE_TRANSFORM_AND_LOWER]
+            if remote_quantizer:
+                # The suite's runner passes the flow's quantize_stage_factory() stage to
+                # tester.quantize (XNNPACK, Vulkan), or None for the tester's default stage,
+                # stage_classes[QUANTIZE] (Core ML): whichever it is, the twin's stage keeps
+                # everything (calibration, QAT, fold_quantize) but its quantizer, replaced by
+                # the RemoteQuantizer that rebuilds it (its TypeError raised from quantize).
+                quantize = tester.quantize
+
+                def remote_quantize(stage: Any = None) -> Any:
+                    stage = stage or tester._get_default_stage(StageType.QUANTIZE)
+                    stage.quantizer = _remote_quantizer(stage.quantizer, target)
+                    return quantize(stage)
+
+                tester.quantize = remote_quantize
 
             def make_stage(*a: Any, **k: Any) -> Any:
                 stage = make(*a, **k)
@@ -539,6 +689,7 @@ class ConformancePlugin:
         gc.collect()
         testers: list[Any] = []
         rng: list[str] = []
+        quantizers: list[str] = []
         make_tester = flow.tester_factory
         if flow.backend == "coreml":
             # Each lowering converts from the state a fresh process has: coremltools keeps its
@@ -568,6 +719,16 @@ class ConformancePlugin:
 
             tester.stage_classes = {**tester.stage_classes,
                                     StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
+            quantize = tester.quantize
+
+            def quantize_and_record(stage: Any = None) -> Any:
+                stage = stage or tester._get_default_stage(StageType.QUANTIZE)
+                try:
+                    return quantize(stage)
+                finally:  # (what it ran with: the twin's replaces it first, or raises)
+                    quantizers.append(describe_quantizer(getattr(stage, "quantizer", None)))
+
+            tester.quantize = quantize_and_record
             testers.append(tester)
             return tester
 
@@ -592,7 +753,8 @@ class ConformancePlugin:
                 pte = None
         error = f"{type(summary.error).__name__}: {summary.error}" if summary.error else ""
         lower = summary.lower_time.total_seconds() if summary.lower_time else 0.0
-        return Lowering(summary.result.name, error, pte, rng[0] if rng else None, seconds, lower)
+        return Lowering(summary.result.name, error, pte, rng[0] if rng else None, seconds, lower,
+                        quantizers[0] if quantizers else None)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         # pytest-timeout interrupts the test wherever it is, torch's dispatcher included; every
@@ -914,6 +1076,7 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
               "--json", str(args.json)]
     common += ["-k", args.keyword] if args.keyword else []
     common += ["--remote-preprocess"] if args.remote_preprocess else []
+    common += ["--remote-quantizer"] if args.remote_quantizer else []
     common += ["--resume"] if args.resume else []
     common += ["--no-memo"] if args.no_memo else []
     common += ["--timeout-factor", str(args.timeout_factor)]
@@ -955,7 +1118,8 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
             comparisons += report["comparisons"]
             not_collected.update(report["not_collected"])
             path.unlink()
-    suffix = SERVER_PREPROCESS_SUFFIX if args.remote_preprocess else ""
+    suffix = flow_suffix(remote_quantizer=args.remote_quantizer,
+                         remote_preprocess=args.remote_preprocess)
     flows = [f + suffix for f in args.flows]
     write_report(args.json, args.seed, flows, comparisons, not_collected)
     print(f"\nall {n} processes:\n" + format_table(flow_table(comparisons, flows)))
@@ -978,7 +1142,9 @@ def main(argv: list[str] | None = None) -> int:
         install_memos()
         return cli(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--flows", nargs="*", default=list(HOSTED_FLOWS), choices=HOSTED_FLOWS)
+    parser.add_argument("--flows", nargs="*", choices=HOSTED_FLOWS,
+                        help="the flows to run (default: every hosted flow; with "
+                        "--remote-quantizer, every one with a quantize stage)")
     parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
     parser.add_argument("-k", dest="keyword", help="pytest -k expression on test names")
     parser.add_argument("--seed", type=int, default=0, help="the run seed (default 0)")
@@ -986,6 +1152,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the twins run the backends' preprocess on the server too "
                         "(RemotePartitioner(remote_preprocess=True)); tabled and logged as "
                         f"FLOW{SERVER_PREPROCESS_SUFFIX}")
+    parser.add_argument("--remote-quantizer", action="store_true",
+                        help="the twins' quantize stage runs a RemoteQuantizer too, for the "
+                        "hosted quantizer and spec that rebuild the flow's own quantizer; only "
+                        f"for flows with a quantize stage ({', '.join(QUANTIZING_FLOWS)}: the "
+                        "default flows then); tabled and logged as "
+                        f"FLOW{REMOTE_QUANTIZER_SUFFIX}, before {SERVER_PREPROCESS_SUFFIX}")
     parser.add_argument("--server", help="an existing server's target; else one is started")
     parser.add_argument("--no-memo", action="store_true",
                         help="build the backends' pattern graphs on every use, as ExecuTorch "
@@ -1010,8 +1182,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the table of these .jsonl logs and exit (1 if any differs)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
+    if args.flows is None:
+        args.flows = list(QUANTIZING_FLOWS if args.remote_quantizer else HOSTED_FLOWS)
+    if args.remote_quantizer and (other := [f for f in args.flows if f not in QUANTIZING_FLOWS]):
+        parser.error(f"--remote-quantizer: {', '.join(other)} has no quantize stage (flows with "
+                     f"one: {', '.join(QUANTIZING_FLOWS)})")
     if args.summary:
-        text, differing = summarize_logs(args.summary, list(args.flows))
+        suffix = flow_suffix(remote_quantizer=args.remote_quantizer,
+                             remote_preprocess=args.remote_preprocess)
+        text, differing = summarize_logs(args.summary, [f + suffix for f in args.flows])
         print(text)
         return 1 if differing else 0
 
@@ -1043,6 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_jobs(args, target)
         plugin = ConformancePlugin(target, args.flows, args.seed, args.json, resume=args.resume,
                                    remote_preprocess=args.remote_preprocess,
+                                   remote_quantizer=args.remote_quantizer,
                                    shard=shard, memoize=not args.no_memo,  # type: ignore[arg-type]
                                    timeout_factor=args.timeout_factor)
         code = pytest.main(pytest_args, plugins=[plugin])

@@ -19,13 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 #: conformance` runs; and Vulkan's with the backend's preprocess on the server too (it draws
 #: from the random generator). The bidirectional LSTM the suite found
 #: is tests/test_conformance_regressions.py's; Core ML's quantized flow is left to
-#: `make conformance`: one of its tests takes almost 3 minutes.
+#: `make conformance`: one of its tests takes almost 3 minutes. Then quantized XNNPACK and
+#: Vulkan with the quantize stage remote too (``--remote-quantizer``) on an add, a linear and a
+#: conv (Vulkan's default quantizer quantizes linear weights only; XNNPACK's all three).
 SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
     # Four flows in one run (each run starts by importing the suite and every backend).
     (["xnnpack", "xnnpack_static_int8_per_tensor", "coreml", "vulkan_static_int8_per_channel"],
      "(test_add_f32_alpha and not int8_per_tensor) or (test_conv2d_basic and xnnpack)",
      ["--jobs", "2"]),
     (["vulkan"], "test_add_f32_alpha", ["--remote-preprocess"]),
+    (["xnnpack_static_int8_per_channel", "vulkan_static_int8_per_channel"],
+     "test_add_f32_alpha or test_linear_unbatched or test_conv2d_basic", ["--remote-quantizer"]),
 )
 
 
@@ -33,7 +37,8 @@ SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
 @pytest.mark.parametrize(
     ("flows", "keyword", "more"), SUBSET,
     ids=["+".join(s[0]) + "".join(s[2]).replace("--remote-preprocess", "-server-preprocess")
-         .replace("--jobs", "-jobs") for s in SUBSET],
+         .replace("--remote-quantizer", "-remote-quantizer").replace("--jobs", "-jobs")
+         for s in SUBSET],
 )
 def test_conformance_subset(
     flows: list[str], keyword: str, more: list[str], server_address: str, tmp_path: Path
@@ -48,11 +53,28 @@ def test_conformance_subset(
     result = json.loads(out.read_text())
     compared = result["comparisons"]
     assert compared, proc.stdout[-3000:]
-    suffix = _conformance_module().SERVER_PREPROCESS_SUFFIX  # type: ignore[attr-defined]
-    assert {c["flow"].removesuffix(suffix) for c in compared} == set(flows), proc.stdout[-3000:]
+    conformance = _conformance_module()
+    suffix = conformance.flow_suffix(  # type: ignore[attr-defined]
+        remote_quantizer="--remote-quantizer" in more,
+        remote_preprocess="--remote-preprocess" in more)
+    assert {c["flow"] for c in compared} == {f + suffix for f in flows}, proc.stdout[-3000:]
     differing = [c for c in compared if not c["identical"]]
     assert not differing, json.dumps(differing, indent=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    finished = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()
+                if '"complete"' in line]
+    assert any(t["outcome"] == "passed" for t in finished), finished
+    if "--remote-quantizer" in more:
+        # The twin quantized with the RemoteQuantizer that rebuilds the flow's quantizer, the
+        # flow with its own, and the two programs lowered to the same bytes.
+        specs = {"xnnpack_static_int8_per_channel":
+                 "RemoteQuantizer('xnnpack', {'is_per_channel': True})",
+                 "vulkan_static_int8_per_channel": "RemoteQuantizer('vulkan', {})"}
+        for c in compared:
+            flow = c["flow"].removesuffix(suffix)
+            assert c["remote"]["quantizer"] == specs[flow], c
+            assert c["local"]["quantizer"] in ("XNNPACKQuantizer", "VulkanQuantizer"), c
+            assert c["local"]["pte_sha256"] == c["remote"]["pte_sha256"] is not None, c
     if "--jobs" in more:
         # Each test ran in exactly one of the processes, and the merged report holds them all.
         jobs = int(more[more.index("--jobs") + 1])
@@ -62,6 +84,57 @@ def test_conformance_subset(
         assert {c["test"] for c in compared} == set(complete)
         assert all(f"[{i}/{jobs}] " in proc.stdout for i in range(1, jobs + 1)), proc.stdout
         assert not list(tmp_path.glob("*.shard*.json"))  # merged, then removed
+
+
+def test_remote_quantizer_spec_is_derived_from_the_quantizer_object() -> None:
+    """``--remote-quantizer`` replaces a quantize stage's quantizer by the ``RemoteQuantizer``
+    whose hosted quantizer and spec rebuild that very object (``quantizer_spec``): the spec
+    whose ``get_symmetric_quantization_config`` call returns the quantizer's global config
+    itself (XNNPACK, Vulkan), or ``{}`` for the Core ML tester's config; each quantizing flow's
+    stage gets its own spec, and a quantizer no spec rebuilds (a config made by another call,
+    another setting) is a TypeError naming it, never another quantizer."""
+    pytest.importorskip("coremltools")
+    import torch
+    from executorch.backends.test.harness.stages import StageType
+    from executorch.backends.test.suite.flow import all_flows
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    conformance = _conformance_module()
+    spec_of = conformance.quantizer_spec  # type: ignore[attr-defined]
+    flows = all_flows()
+    specs = {}
+    for name in conformance.QUANTIZING_FLOWS:  # type: ignore[attr-defined]
+        flow = flows[name]
+        if flow.quantize_stage_factory is not None:  # what the suite's runner quantizes with
+            stage = flow.quantize_stage_factory()
+        else:  # the tester's default stage (Core ML)
+            tester = flow.tester_factory(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+            stage = tester._get_default_stage(StageType.QUANTIZE)
+        specs[name] = spec_of(stage.quantizer)
+    assert specs == {
+        "xnnpack_static_int8_per_channel": ("xnnpack", {"is_per_channel": True}),
+        "xnnpack_static_int8_per_tensor": ("xnnpack", {"is_per_channel": False}),
+        "xnnpack_dynamic_int8_per_channel": ("xnnpack", {"is_per_channel": True,
+                                                         "is_dynamic": True}),
+        "coreml_static_int8": ("coreml", {}),
+        "vulkan_static_int8_per_channel": ("vulkan", {}),
+    }
+    assert {f for f, flow in flows.items() if flow.quantize and f in
+            conformance.HOSTED_FLOWS} == set(specs)  # type: ignore[attr-defined]
+    config = get_symmetric_quantization_config
+    for quantizer in (
+        XNNPACKQuantizer().set_global(config(True)),  # positional: another cache entry
+        XNNPACKQuantizer().set_global(config(act_qmin=-127)),  # not a candidate
+        XNNPACKQuantizer().set_global(config(is_per_channel=True))
+        .set_module_type(torch.nn.Linear, None),
+        XNNPACKQuantizer(),
+        torch.nn.Linear(2, 2),
+    ):
+        with pytest.raises(TypeError, match=type(quantizer).__name__):
+            spec_of(quantizer)
 
 
 @pytest.mark.slow
