@@ -964,15 +964,19 @@ def summarize_logs(paths: list[Path], flows: list[str]) -> tuple[str, int]:
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
     """The per-flow summary as a fixed-width table ("tests" are lowerings compared; a
-    ``complete`` column, the tests run to their end, when the rows have one)."""
+    ``complete`` column, the tests run to their end, when the rows have one); the flow column
+    is 50 characters wide, or as wide as its longest label needs."""
     complete = all("complete" in r for r in rows.values()) and bool(rows)
-    header = (f"{'flow':<50}" + (f"{'complete tests':>16}" if complete else "")
+    # (a suffixed flow and its suite, "..._per_channel+remote-quantizer+server-preprocess,
+    # operators", is longer than the column's 50: the column widens to fit)
+    width = max([50, *(len(flow) + 2 for flow in rows)])
+    header = (f"{'flow':<{width}}" + (f"{'complete tests':>16}" if complete else "")
               + f"{'tests':>7}{'identical':>11}{'differing':>11}"
               f"{'failing remote only':>21}{'lowering s local/remote':>25}")
     lines = [header, "-" * len(header)]
     for flow, r in rows.items():
         times = f"{r['local_lower_seconds']:.0f}/{r['remote_lower_seconds']:.0f}"
-        lines.append(f"{flow:<50}" + (f"{r['complete']:>16.0f}" if complete else "")
+        lines.append(f"{flow:<{width}}" + (f"{r['complete']:>16.0f}" if complete else "")
                      + f"{r['tests']:>7.0f}{r['identical']:>11.0f}"
                      f"{r['differing']:>11.0f}{r['failing_remote_only']:>21.0f}{times:>25}")
     return "\n".join(lines)
