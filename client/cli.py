@@ -416,8 +416,10 @@ def list_json(response: pb.ListPartitionersResponse) -> dict[str, Any]:
     """``list --json``: the response with every field, each spec key's ``default`` as a plain
     value (null when it has none)."""
     out = message_json(response, defaults=True)
-    hosted = [*zip(response.partitioners, out.get("partitioners", []), strict=True),
-              *zip(response.quantizers, out.get("quantizers", []), strict=True)]
+    hosted: list[tuple[pb.PartitionerInfo | pb.QuantizerInfo, dict[str, Any]]] = [
+        *zip(response.partitioners, out.get("partitioners", []), strict=True),
+        *zip(response.quantizers, out.get("quantizers", []), strict=True),
+    ]
     for p_msg, p in hosted:
         keys = p.get("spec_keys", [])
         for i, (k_msg, k) in enumerate(zip(p_msg.spec_keys, keys, strict=True)):

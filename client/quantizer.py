@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import grpc
@@ -14,6 +16,7 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 from remote_partitioner.client.connection import ServerConnection, set_rng_state
 from remote_partitioner.client.errors import (
     FingerprintMismatchError,
+    IncompatibleServerError,
     QuantizerNotFoundError,
     RemotePartitionerError,
     remote_exception,
@@ -25,14 +28,38 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 @dataclass
 class _Answer:
-    """A ``Quantize`` answer waiting for the steps still to come on the module it is for."""
+    """A ``Quantize`` answer waiting for the steps still to come on the module it is for.
 
-    module: torch.fx.GraphModule
+    It holds only while the module is as the answer left it: the same graph (``fingerprint``),
+    no tensor replaced or written in place (``tensors``), and the generator where the answer's
+    earlier steps left it (``rng_before``), since the later steps ran on the server from that
+    state and those values."""
+
     #: The module's fingerprint once the answer's earlier steps were applied.
     fingerprint: str
     response: pb.QuantizeResponse
     #: The generator state after the last step the server ran.
     rng_state: torch.Tensor
+    #: The generator state the later steps started from on the server.
+    rng_before: torch.Tensor | None = None
+    tensors: tuple[tuple[str, int, int], ...] = ()
+
+    def holds_for(self, model: torch.fx.GraphModule) -> bool:
+        """Whether the answer's later steps are what they would be on ``model`` now."""
+        return (
+            self.rng_before is not None
+            and torch.equal(torch.get_rng_state(), self.rng_before)
+            and _tensor_versions(model) == self.tensors
+            and codec.module_fingerprint(model) == self.fingerprint
+        )
+
+
+def _tensor_versions(model: torch.fx.GraphModule) -> tuple[tuple[str, int, int], ...]:
+    """Each parameter and buffer of ``model``: name, identity and version counter."""
+    return tuple(
+        (name, id(t), t._version)
+        for name, t in (*model.named_parameters(), *model.named_buffers())
+    )
 
 
 class RemoteQuantizer(Quantizer, ServerConnection):
@@ -57,7 +84,9 @@ class RemoteQuantizer(Quantizer, ServerConnection):
       node's ``quantization_annotation``, rebuilt with the same sharing of spec objects and
       with observer and fake-quantize constructors resolved by name from an allow-list of
       torchao's (nothing else is accepted). Called on a module the transform answer is not
-      for (or that changed since), it asks the server for ``annotate`` and ``validate`` alone.
+      for, or that changed since (its graph, a tensor replaced or written in place, or the
+      generator drawn from in between), it asks the server for ``annotate`` and ``validate``
+      alone, from the state it finds.
     * ``validate(model)`` raises what the hosted ``validate`` raised, if anything.
 
     A module that already carries annotations (an earlier quantizer of a
@@ -103,19 +132,30 @@ class RemoteQuantizer(Quantizer, ServerConnection):
         self.spec: dict[str, SpecScalar] = dict(spec or {})
         self._spec_msg = spec_entries(spec)
         self._info: pb.QuantizerInfo | None = None
-        # id(module) -> the answer for the steps after the one already applied
-        self._pending: dict[int, _Answer] = {}
+        self._new_answers()
 
     def __repr__(self) -> str:
         return f"RemoteQuantizer({self.target!r}, {self.quantizer_name!r}, {self.spec!r})"
 
+    def _new_answers(self) -> None:
+        # module -> the answer for the steps after the one already applied; and the answer
+        # whose validate step raised, until validate() raises it. Weak: a module dropped
+        # between the steps takes its answer with it.
+        self._pending: weakref.WeakKeyDictionary[torch.fx.GraphModule, _Answer] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._failed_validation: weakref.WeakKeyDictionary[
+            torch.fx.GraphModule, pb.QuantizeResponse
+        ] = weakref.WeakKeyDictionary()
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         ServerConnection.__setstate__(self, state)
-        self._pending = {}
+        self._new_answers()
 
     def __getstate__(self) -> dict[str, Any]:
         state = ServerConnection.__getstate__(self)
         state.pop("_pending", None)
+        state.pop("_failed_validation", None)
         return state
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RemoteQuantizer:
@@ -129,9 +169,19 @@ class RemoteQuantizer(Quantizer, ServerConnection):
 
         Raises:
             QuantizerNotFoundError: the server hosts no quantizer of this name.
+        IncompatibleServerError: the server's torchao differs from this process's (and
+            ``check_versions``).
         """
         if self._info is None:
             listing = self._server_listing()
+            local = metadata.version("torchao")
+            if self.check_versions and listing.versions.torchao != local:
+                raise IncompatibleServerError(
+                    f"server at {self.target} runs torchao {listing.versions.torchao or '?'}, "
+                    f"this client {local}: its quantizers may annotate differently "
+                    "(check_versions=False to use it anyway)",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                )
             for q in listing.quantizers:
                 if q.name == self.quantizer_name:
                     self._info = q
@@ -162,21 +212,20 @@ class RemoteQuantizer(Quantizer, ServerConnection):
             set_rng_state(response.transform_rng_state)
         else:
             torch.set_rng_state(before)
-        self._pending[id(model)] = _Answer(
-            model, response.transform_edits.fingerprint, response, after
+        self._pending[model] = _Answer(
+            response.transform_edits.fingerprint, response, after, torch.get_rng_state(),
+            _tensor_versions(model),
         )
         return model
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         _refuse_annotated(model)
-        answer = self._pending.pop(id(model), None)
-        if (
-            answer is None
-            or answer.module is not model
-            or codec.module_fingerprint(model) != answer.fingerprint
-        ):
+        answer = self._pending.pop(model, None)
+        if answer is None or not answer.holds_for(model):
+            # annotate() on its own, or the module or generator changed since the transform
+            # (a draw in between, another quantizer's transform): ask for this step now.
             response, after, fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ANNOTATE)
-            answer = _Answer(model, fingerprint, response, after)
+            answer = _Answer(fingerprint, response, after)
         response = answer.response
         torch.set_rng_state(answer.rng_state)
         if response.raised_step == pb.QUANTIZE_STEP_ANNOTATE:
@@ -191,13 +240,13 @@ class RemoteQuantizer(Quantizer, ServerConnection):
                 grpc.StatusCode.INTERNAL, errors.Reason.UNREPRESENTABLE_RESULT.value,
             ) from e
         if response.raised_step == pb.QUANTIZE_STEP_VALIDATE:
-            self._pending[id(model)] = answer  # validate raises it
+            self._failed_validation[model] = answer.response  # validate raises it
         return model
 
     def validate(self, model: torch.fx.GraphModule) -> None:
-        answer = self._pending.pop(id(model), None)
-        if answer is not None and answer.module is model:
-            exc = _raised(answer.response)
+        response = self._failed_validation.pop(model, None)
+        if response is not None:
+            exc = _raised(response)
             raise exc from exc.__cause__
 
     # ------------------------------------------------------------------ plumbing

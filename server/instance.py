@@ -65,6 +65,7 @@ from remote_partitioner.server.quantizers import (
 from remote_partitioner.server.registry import (
     InvalidSpecError,
     Registry,
+    SpecKey,
     UnknownPartitionerError,
 )
 from remote_partitioner.server.results import ResultCache, environment_key
@@ -119,6 +120,7 @@ def server_versions() -> pb.ServerVersions:
         export_schema=".".join(map(str, SCHEMA_VERSION)),
         api="v1",
         server=metadata.version("remote-partitioner"),
+        torchao=metadata.version("torchao"),
     )
 
 
@@ -202,6 +204,14 @@ def partitioner_raised(
         {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback,
          **({EXCEPTION_WITHOUT_ARGUMENTS: "true"} if r.without_arguments else {})},
     )
+
+
+def _list_spec_keys(out: Any, keys: Iterable[SpecKey]) -> None:
+    """Add ``keys`` to the repeated ``SpecKeyInfo`` field ``out``."""
+    for key in keys:
+        k = out.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
+        if key.default is not None:
+            k.default.CopyFrom(spec_value(key.name, key.default))
 
 
 def _backend_module(backend_id: str) -> str:
@@ -303,10 +313,7 @@ class PartitionerInstance:
                 overridden_hooks=[hook_to_wire(h) for h in hosted.overridden_hooks()],
                 backend_module=_backend_module(hosted.backend_id),
             )
-            for key in hosted.spec_keys.values():
-                k = info.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
-                if key.default is not None:
-                    k.default.CopyFrom(spec_value(key.name, key.default))
+            _list_spec_keys(info.spec_keys, hosted.spec_keys.values())
         for backend in self.backends:
             response.backends.add(
                 backend_id=backend.backend_id, description=backend.description,
@@ -320,10 +327,7 @@ class PartitionerInstance:
                 backend_id=q.backend_id,
                 description=q.description,
             )
-            for key in q.spec_keys.values():
-                k = qinfo.spec_keys.add(name=key.name, type=_SPEC_TYPES[key.type], doc=key.doc)
-                if key.default is not None:
-                    k.default.CopyFrom(spec_value(key.name, key.default))
+            _list_spec_keys(qinfo.spec_keys, q.spec_keys.values())
         return response
 
     # ------------------------------------------------------------------ blobs

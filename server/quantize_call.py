@@ -18,7 +18,9 @@ difference.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch.export import ExportedProgram
@@ -27,6 +29,9 @@ from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks
+
+logger = logging.getLogger(__name__)
+_M = TypeVar("_M")
 
 
 def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.QuantizeResponse:
@@ -50,6 +55,12 @@ def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.
         raise ServiceError(
             Reason.INVALID_PROGRAM, f"the module cannot be rebuilt: {e}", field="unlift"
         ) from e
+    except Exception as e:  # a table the checks above did not foresee: still the client's
+        logger.exception("rebuilding a module failed")
+        raise ServiceError(
+            Reason.INVALID_PROGRAM,
+            f"the module cannot be rebuilt: {type(e).__name__}: {e}", field="unlift",
+        ) from e
     response = pb.QuantizeResponse()
     if request.steps != pb.QUANTIZE_STEPS_ANNOTATE:
         snapshot = codec.ModuleSnapshot(gm)
@@ -62,21 +73,37 @@ def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.
                 )
         except Exception as e:
             return _raised(response, pb.QUANTIZE_STEP_TRANSFORM, e)
-        response.transform_edits.CopyFrom(snapshot.edits(out))
-        response.transform_rng_state = torch.get_rng_state().numpy().tobytes()
+        response.transform_edits.CopyFrom(_stated(snapshot.edits, out))
+        if request.rng_state:  # the caller's generator, never the server's own
+            response.transform_rng_state = torch.get_rng_state().numpy().tobytes()
         gm = out
     snapshot = codec.ModuleSnapshot(gm)
     try:
         quantizer.annotate(gm)  # in place; prepare_pt2e ignores what it returns
     except Exception as e:
         return _raised(response, pb.QUANTIZE_STEP_ANNOTATE, e)
-    response.annotate_edits.CopyFrom(snapshot.edits(gm))
-    response.annotations.CopyFrom(codec.encode_annotations(gm))
+    response.annotate_edits.CopyFrom(_stated(snapshot.edits, gm))
+    response.annotations.CopyFrom(_stated(codec.encode_annotations, gm))
     try:
         quantizer.validate(gm)
     except Exception as e:
         return _raised(response, pb.QUANTIZE_STEP_VALIDATE, e)
     return response
+
+
+def _stated(state: Callable[[torch.fx.GraphModule], _M], gm: torch.fx.GraphModule) -> _M:
+    """``state(gm)``: a step's result as a message; anything unforeseen that stops it from
+    being stated is UNREPRESENTABLE_RESULT (as :class:`codec.UnrepresentableMeta`), never a
+    status without a reason."""
+    try:
+        return state(gm)
+    except codec.UnrepresentableMeta:
+        raise
+    except Exception as e:
+        logger.exception("stating a quantizer step's result failed")
+        raise codec.UnrepresentableMeta(
+            f"the quantizer's result cannot be stated: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _raised(

@@ -49,6 +49,14 @@ class ConvBnLinear(torch.nn.Module):
         return torch.cat([z * 2.0 + 1, z], 1)
 
 
+def sequential() -> torch.nn.Module:
+    """Numbered submodules (``features.0.weight``), as most real models have."""
+    features = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+    )
+    return torch.nn.Sequential(features, torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+
+
 def _local_quantizer(name: str, spec: dict[str, Any]) -> Quantizer:
     if name == "xnnpack":
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -125,22 +133,25 @@ def _assert_same(local: dict[str, Any], remote: dict[str, Any]) -> None:
 
 
 CONFIGS = [
-    ("xnnpack", {"is_per_channel": True}),
-    ("xnnpack", {"is_per_channel": False}),
-    ("xnnpack", {"is_per_channel": True, "is_dynamic": True}),
-    ("vulkan", {}),
+    ("xnnpack", {"is_per_channel": True}, ConvBnLinear),
+    ("xnnpack", {"is_per_channel": False}, ConvBnLinear),
+    ("xnnpack", {"is_per_channel": True, "is_dynamic": True}, ConvBnLinear),
+    ("vulkan", {}, ConvBnLinear),
+    ("xnnpack", {"is_per_channel": True}, sequential),
 ]
 
 
-@pytest.mark.parametrize(("name", "spec"), CONFIGS, ids=[f"{n}-{s}" for n, s in CONFIGS])
+@pytest.mark.parametrize(
+    ("name", "spec", "model"), CONFIGS, ids=[f"{n}-{s}-{m.__name__}" for n, s, m in CONFIGS]
+)
 def test_remote_quantizer_gives_the_local_program_and_pte(
-    server_address: str, name: str, spec: dict[str, Any]
+    server_address: str, name: str, spec: dict[str, Any], model: Callable[[], torch.nn.Module]
 ) -> None:
-    local = _quantize_and_lower(_local_quantizer(name, spec), _local_partitioner(name))
+    local = _quantize_and_lower(_local_quantizer(name, spec), _local_partitioner(name), model)
     assert local["annotated_nodes"], "nothing was annotated: the comparison would prove little"
     quantizer = RemoteQuantizer(server_address, name, spec, timeout=600)
     remote = _quantize_and_lower(
-        quantizer, RemotePartitioner(server_address, name, timeout=600)
+        quantizer, RemotePartitioner(server_address, name, timeout=600), model
     )
     _assert_same(local, remote)
     # Weights stay home: the steps decide from the graph, shapes and dtypes.
@@ -338,7 +349,7 @@ def test_a_module_annotated_before_is_refused(server_address: str) -> None:
 
 class _DrawsThenRaises(Quantizer):
     """A quantizer whose transform adds a constant (as XNNPACK's does) and whose annotate
-    draws from the generator, annotates one node, then raises."""
+    draws from the generator, then raises."""
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import (
@@ -370,16 +381,82 @@ def test_a_step_that_raises_raises_at_the_same_step() -> None:
         gm = torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
         with pytest.raises(IndexError, match="no pattern for node 'linear'") as e:
             prepare_pt2e(gm, quantizer)  # type: ignore[arg-type]
-        step = e.traceback[-1].name if isinstance(quantizer, _DrawsThenRaises) else ""
-        return gm.code, step, torch.get_rng_state()
+        # The quantizer method the exception left: the step it was raised at.
+        steps = [t.name for t in e.traceback if t.name in ("transform_for_annotation",
+                                                          "annotate", "validate")]
+        return gm.code, steps[-1], torch.get_rng_state()
 
     local_code, local_step, local_rng = run(_DrawsThenRaises())
     assert local_step == "annotate" and "_tensor_constant" in local_code
     with inproc_server(quantizers=QuantizerRegistry([hosted])) as (_, target):
         remote = RemoteQuantizer(target, "raises")
-        code, _, rng = run(remote)
+        code, step, rng = run(remote)
+    assert step == "annotate"
     assert code == local_code
     assert torch.equal(rng, local_rng)
+
+
+class _DrawsInAnnotate(Quantizer):
+    """Annotates nothing; annotate draws from the generator (as XNNPACK's and Core ML's do)
+    and validate raises when the module has no linear."""
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return model
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        torch.randn(3)
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        if not any("linear" in n.name for n in model.graph.nodes):
+            raise ValueError("no linear to quantize")
+
+
+def test_steps_called_one_by_one() -> None:
+    """Draws between the transform and annotate (user code, another quantizer's transform)
+    reach the server's annotate as they reach a local one; validate raises only what the
+    hosted validate raised; a module dropped between the steps takes its answer with it."""
+    import gc
+
+    from servers import inproc_server
+
+    from remote_partitioner.server.quantizers import HostedQuantizer, QuantizerRegistry
+
+    hosted = HostedQuantizer("draws", "XnnpackBackend", {}, lambda spec: _DrawsInAnnotate(),
+                             _DrawsInAnnotate)
+
+    def steps(quantizer: Quantizer, model: torch.nn.Module, draw_between: bool) -> Any:
+        torch.manual_seed(5)
+        gm = torch.export.export(model.eval(), (torch.randn(2, 3, 8, 8),)).module()
+        quantizer.transform_for_annotation(gm)
+        if draw_between:
+            torch.randn(10)
+        quantizer.annotate(gm)
+        after = torch.get_rng_state()
+        try:
+            quantizer.validate(gm)
+        except ValueError as e:
+            return after, str(e)
+        return after, None
+
+    with inproc_server(quantizers=QuantizerRegistry([hosted])) as (_, target):
+        remote = RemoteQuantizer(target, "draws")
+        for draw_between in (False, True):
+            assert torch.equal(
+                steps(remote, ConvBnLinear(), draw_between)[0],
+                steps(_DrawsInAnnotate(), ConvBnLinear(), draw_between)[0],
+            )
+        # Validate raises only when the hosted validate raised.
+        assert steps(remote, ConvBnLinear(), False)[1] is None
+        no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+        assert steps(remote, no_linear, False)[1] == "no linear to quantize"
+        # Transforms without annotate leave nothing behind once their modules are gone.
+        for _ in range(3):
+            gm = torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
+            remote.transform_for_annotation(gm)
+        del gm
+        gc.collect()
+        assert len(remote._pending) == 0
 
 
 def test_a_training_module_is_refused_clearly(server_address: str) -> None:

@@ -181,9 +181,13 @@ def _fingerprint_problem(gm: torch.fx.GraphModule, expected: str, what: str) -> 
 
 
 def _check_path(path: str, what: str, error: type[Exception] = ProgramDecodeError) -> list[str]:
-    """``path`` split at dots, each part an identifier that is not a keyword or a dunder."""
+    """``path`` split at dots, each part an identifier that is not a keyword or a dunder, or
+    the decimal index of a container's child (``layers.0.weight``: ``nn.Sequential``,
+    ``ModuleList``, ``ParameterList``)."""
     parts = path.split(".")
     for part in parts:
+        if part.isascii() and part.isdigit():
+            continue
         if (
             not part.isidentifier()
             or keyword.iskeyword(part)
@@ -493,12 +497,16 @@ def _positions(
     placed: set[str] = set()
 
     def emit(name: str) -> None:
-        for item in following.pop(name, []):
+        # Depth first, without recursion: a module's get_attr nodes usually follow one another,
+        # a chain as long as the module has tensors.
+        stack = list(reversed(following.pop(name, [])))
+        while stack:
+            item = stack.pop()
             if item in placed:
                 raise ProgramDecodeError(f"unlift table: node {item!r} is placed twice")
             placed.add(item)
             out.append(item)
-            emit(item)
+            stack.extend(reversed(following.pop(item, [])))
 
     emit("")
     for node in base:
