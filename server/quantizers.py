@@ -32,15 +32,17 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from remote_partitioner.server.registry import (
     BUILTIN_BACKENDS,
     InvalidSpecError,
+    NamedRegistry,
     SpecKey,
     SpecValue,
+    UnknownNameError,
     _root_logging_kept,
 )
 
@@ -64,18 +66,8 @@ __all__ = [
 ]
 
 
-class UnknownQuantizerError(KeyError):
-    """Raised when a client names a quantizer the server does not host.
-
-    Attributes:
-        name: The requested name.
-        hosted: The hosted names, sorted.
-    """
-
-    def __init__(self, name: str, hosted: Iterable[str]) -> None:
-        super().__init__(name)
-        self.name = name
-        self.hosted = tuple(sorted(hosted))
+class UnknownQuantizerError(UnknownNameError):
+    """Raised when a client names a quantizer the server does not host."""
 
     def __str__(self) -> str:
         return (
@@ -151,30 +143,11 @@ class HostedQuantizer:
     create = build
 
 
-class QuantizerRegistry:
+class QuantizerRegistry(NamedRegistry[HostedQuantizer]):
     """The set of hosted quantizers, by unique name."""
 
-    def __init__(self, hosted: Iterable[HostedQuantizer] = ()) -> None:
-        self._hosted: dict[str, HostedQuantizer] = {}
-        for h in hosted:
-            self.register(h)
-
-    def register(self, hosted: HostedQuantizer) -> None:
-        """Adds a hosted quantizer. Raises ValueError if its name is taken."""
-        if hosted.name in self._hosted:
-            raise ValueError(f"a quantizer named {hosted.name!r} is already registered")
-        self._hosted[hosted.name] = hosted
-
-    def names(self) -> list[str]:
-        """Returns the hosted names, sorted."""
-        return sorted(self._hosted)
-
-    def get(self, name: str) -> HostedQuantizer:
-        """Returns the hosted quantizer ``name``; raises UnknownQuantizerError."""
-        try:
-            return self._hosted[name]
-        except KeyError:
-            raise UnknownQuantizerError(name, self._hosted) from None
+    kind = "quantizer"
+    unknown = UnknownQuantizerError
 
     def build(self, name: str, spec: Mapping[str, object]) -> Quantizer:
         """Builds a fresh quantizer ``name`` from ``spec``.
@@ -187,15 +160,6 @@ class QuantizerRegistry:
 
     #: ``build``, under the name :class:`~.registry.Registry` uses.
     create = build
-
-    def __iter__(self) -> Iterator[HostedQuantizer]:
-        return iter([self._hosted[n] for n in self.names()])
-
-    def __len__(self) -> int:
-        return len(self._hosted)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._hosted
 
 
 def builtin_quantizers() -> QuantizerRegistry:

@@ -32,7 +32,7 @@ import importlib.metadata
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from executorch.exir.backend.partitioner import Partitioner
 
@@ -49,10 +49,12 @@ ENTRY_POINT_GROUP = "remote_partitioner.partitioners"
 """Entry point group through which other packages add hosted partitioners."""
 
 _T = TypeVar("_T")
+_H = TypeVar("_H")
 
 
-class UnknownPartitionerError(KeyError):
-    """Raised when a client names a partitioner the server does not host.
+class UnknownNameError(KeyError):
+    """The base of the errors a :class:`NamedRegistry` raises for a name it does not hold:
+    ``(name, hosted names)``.
 
     Attributes:
         name: The requested name.
@@ -63,6 +65,10 @@ class UnknownPartitionerError(KeyError):
         super().__init__(name)
         self.name = name
         self.hosted = tuple(sorted(hosted))
+
+
+class UnknownPartitionerError(UnknownNameError):
+    """Raised when a client names a partitioner the server does not host."""
 
     def __str__(self) -> str:
         return f"unknown partitioner {self.name!r}; hosted: {', '.join(self.hosted) or '(none)'}"
@@ -243,30 +249,53 @@ class HostedPartitioner:
         return self.factory(self.validate(spec))
 
 
-class Registry:
-    """The set of hosted partitioners, by unique name."""
+class NamedRegistry(Generic[_H]):
+    """Hosted objects (partitioners, quantizers) by unique ``name``.
 
-    def __init__(self, hosted: Iterable[HostedPartitioner] = ()) -> None:
-        self._hosted: dict[str, HostedPartitioner] = {}
+    Subclasses set ``kind`` (the word in messages) and ``unknown`` (the error :meth:`get`
+    raises, built as ``unknown(name, hosted_names)``)."""
+
+    kind: ClassVar[str] = "object"
+    unknown: ClassVar[type[UnknownNameError]] = UnknownNameError
+
+    def __init__(self, hosted: Iterable[_H] = ()) -> None:
+        self._hosted: dict[str, _H] = {}
         for h in hosted:
             self.register(h)
 
-    def register(self, hosted: HostedPartitioner) -> None:
-        """Adds a hosted partitioner. Raises ValueError if its name is taken."""
-        if hosted.name in self._hosted:
-            raise ValueError(f"a partitioner named {hosted.name!r} is already registered")
-        self._hosted[hosted.name] = hosted
+    def register(self, hosted: _H) -> None:
+        """Adds a hosted object. Raises ValueError if its name is taken."""
+        name = hosted.name  # type: ignore[attr-defined]
+        if name in self._hosted:
+            raise ValueError(f"a {self.kind} named {name!r} is already registered")
+        self._hosted[name] = hosted
 
     def names(self) -> list[str]:
         """Returns the hosted names, sorted."""
         return sorted(self._hosted)
 
-    def get(self, name: str) -> HostedPartitioner:
-        """Returns the hosted partitioner ``name``; raises UnknownPartitionerError."""
+    def get(self, name: str) -> _H:
+        """Returns the hosted object ``name``; raises ``unknown``."""
         try:
             return self._hosted[name]
         except KeyError:
-            raise UnknownPartitionerError(name, self._hosted) from None
+            raise type(self).unknown(name, self._hosted) from None
+
+    def __iter__(self) -> Iterator[_H]:
+        return iter([self._hosted[n] for n in self.names()])
+
+    def __len__(self) -> int:
+        return len(self._hosted)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._hosted
+
+
+class Registry(NamedRegistry[HostedPartitioner]):
+    """The set of hosted partitioners, by unique name."""
+
+    kind = "partitioner"
+    unknown = UnknownPartitionerError
 
     def create(self, name: str, spec: Mapping[str, object]) -> Partitioner:
         """Builds partitioner ``name`` from ``spec``.
@@ -276,15 +305,6 @@ class Registry:
             InvalidSpecError: ``spec`` does not fit its spec keys.
         """
         return self.get(name).create(spec)
-
-    def __iter__(self) -> Iterator[HostedPartitioner]:
-        return iter([self._hosted[n] for n in self.names()])
-
-    def __len__(self) -> int:
-        return len(self._hosted)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._hosted
 
 
 # --- spec key helpers, for the backends under server/backends/ and for plugins --------
