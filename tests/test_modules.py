@@ -1,4 +1,5 @@
-"""The client's unlifted module across the wire and back as edits (proto/codec/modules.py).
+"""The client's unlifted module across the wire and back as edits (proto/codec/modules.py,
+module_edits.py).
 
 Each model is exported and unlifted with ``.module()`` as a quantizer sees it, lifted, sent
 through the program codec as bytes, rebuilt on the "server" and compared with the client's
@@ -17,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from remote_partitioner.proto import codec
-from remote_partitioner.proto.codec import modules
+from remote_partitioner.proto.codec import module_edits, modules
 from remote_partitioner.proto.program_errors import (
     FingerprintMismatch,
     ProgramDecodeError,
@@ -242,13 +243,13 @@ def test_transform_edits_equal_local_transform() -> None:
     client, inputs = _client("scalars")
     local, _ = _client("scalars")
     server = _send(client)
-    snapshot = modules.ModuleSnapshot(server)
+    snapshot = module_edits.ModuleSnapshot(server)
     server = _xnnpack().transform_for_annotation(server)
     edits = _wire(snapshot.edits(server))
     assert [t.target for t in edits.tensors] == ["_tensor_constant_0", "_tensor_constant_1",
                                                  "_tensor_constant_2"]
     assert [n.op for n in edits.inserted] == ["get_attr"] * 3 and edits.changed
-    modules.apply_edits(client, edits)
+    module_edits.apply_edits(client, edits)
     local = _xnnpack().transform_for_annotation(local)
     assert client.code == local.code
     assert [n.name for n in client.graph.nodes] == [n.name for n in local.graph.nodes]
@@ -266,30 +267,30 @@ def test_transform_edits_equal_local_transform() -> None:
 def test_no_edits_when_nothing_changes() -> None:
     client, _ = _client("conv_bn_relu")
     server = _send(client)
-    snapshot = modules.ModuleSnapshot(server)
+    snapshot = module_edits.ModuleSnapshot(server)
     edits = snapshot.edits(_xnnpack().transform_for_annotation(server))
     assert not (edits.tensors or edits.inserted or edits.changed or edits.erased)
     before = client.code
-    modules.apply_edits(client, _wire(edits))
+    module_edits.apply_edits(client, _wire(edits))
     assert client.code == before
 
 
 def test_erased_nodes() -> None:
     client, _ = _client("dead")
     server = _send(client)
-    snapshot = modules.ModuleSnapshot(server)
+    snapshot = module_edits.ModuleSnapshot(server)
     server.graph.eliminate_dead_code()
     server.recompile()
     edits = _wire(snapshot.edits(server))
     dead = [n.name for n in client.graph.nodes if n.op == "call_function" and not n.users]
     assert list(edits.erased) == dead == ["relu_default"]
-    modules.apply_edits(client, edits)
+    module_edits.apply_edits(client, edits)
     assert "relu_default" not in {n.name for n in client.graph.nodes}
 
 
 def _change(action: Callable[[torch.fx.GraphModule], None]) -> pb.GraphEdits:
     server = _send(_client("linear")[0])
-    snapshot = modules.ModuleSnapshot(server)
+    snapshot = module_edits.ModuleSnapshot(server)
     action(server)
     return snapshot.edits(server)
 
@@ -328,23 +329,23 @@ def test_new_meta_key_is_refused_but_annotations_are_ignored() -> None:
 def test_apply_onto_another_module_is_refused() -> None:
     client, _ = _client("scalars")
     server = _send(client)
-    snapshot = modules.ModuleSnapshot(server)
+    snapshot = module_edits.ModuleSnapshot(server)
     edits = snapshot.edits(_xnnpack().transform_for_annotation(server))
     other, _ = _client("dead")  # another module: the same nodes the edits name, and one more
     expected = modules.module_fingerprint(_client("scalars")[0])
     with pytest.raises(FingerprintMismatch, match="before the edits"):
-        modules.apply_edits(other, _wire(edits), expected=expected)
+        module_edits.apply_edits(other, _wire(edits), expected=expected)
     other, _ = _client("scalars")
     x = other.graph.find_nodes(op="placeholder")[0]
     with other.graph.inserting_before(other.graph.output_node()):
         other.graph.call_function(torch.ops.aten.relu.default, (x,))
     other.recompile()
     with pytest.raises(FingerprintMismatch):
-        modules.apply_edits(other, _wire(edits))
+        module_edits.apply_edits(other, _wire(edits))
     taken, _ = _client("scalars")
     taken.register_buffer("_tensor_constant_0", torch.zeros(()))
     with pytest.raises(modules.EditConflict, match="_tensor_constant_0"):
-        modules.apply_edits(taken, _wire(edits))
+        module_edits.apply_edits(taken, _wire(edits))
     assert isinstance(modules.EditConflict("x"), ValueError)
 
 

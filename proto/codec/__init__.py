@@ -43,9 +43,9 @@ then ``codec.encode_program(...)``); its modules, each with one job, are interna
   their deserializers, then repaired;
 * ``blob_digests``: the blob digests a message names;
 * ``modules``: a quantizer's unlifted ``GraphModule`` across the wire (``lift_module`` ->
-  program codec -> ``unlift_program``, checked by ``module_fingerprint``) and the edits a
-  quantizer step made to it (``ModuleSnapshot.edits`` on the server, ``apply_edits`` on the
-  client's own module, which is never replaced);
+  program codec -> ``unlift_program``, checked by ``module_fingerprint``), and
+  ``module_edits``: the edits a quantizer step made to it (``ModuleSnapshot.edits`` on the
+  server, ``apply_edits`` on the client's own module, which is never replaced);
 * ``preprocess``: the node metadata ``Preprocess`` sends beside a program, and
   ``PreprocessResult`` <-> ``PreprocessOutput``.
 
@@ -73,10 +73,9 @@ from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, e
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.graphs import graph_modules, op_from_name, op_name, target_name
 from remote_partitioner.proto.codec.meta_values import decode_meta_value, encode_meta_value
+from remote_partitioner.proto.codec.module_edits import ModuleSnapshot, apply_edits
 from remote_partitioner.proto.codec.modules import (
     EditConflict,
-    ModuleSnapshot,
-    apply_edits,
     lift_module,
     module_fingerprint,
     unlift_program,
