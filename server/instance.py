@@ -44,7 +44,7 @@ from remote_partitioner.proto.errors import (
 from remote_partitioner.proto.spec import spec_value
 from remote_partitioner.proto.transport import hook_to_wire
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server import hooks, value_reads
+from remote_partitioner.server import caller_rng, hooks, value_reads
 from remote_partitioner.server import preprocess as preprocess_runner
 from remote_partitioner.server.backend_registry import (
     BackendRegistry,
@@ -59,7 +59,6 @@ from remote_partitioner.server.blobstore import (
 )
 from remote_partitioner.server.quantizers import (
     QuantizerRegistry,
-    UnknownQuantizerError,
     default_quantizers,
 )
 from remote_partitioner.server.registry import (
@@ -145,50 +144,6 @@ def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
         kind = entry.value.WhichOneof("value")
         out[entry.key] = getattr(entry.value, kind) if kind else None
     return out
-
-
-def _rng_state(raw: bytes) -> torch.Tensor | None:
-    """The caller's CPU generator state from a hook request's ``rng_state`` (None if empty).
-
-    Raises:
-        ServiceError: INVALID_PROGRAM, the bytes are not a state of this torch's generator.
-    """
-    if not raw:
-        return None
-    size = torch.get_rng_state().numel()
-    if len(raw) != size:
-        raise ServiceError(
-            Reason.INVALID_PROGRAM,
-            f"rng_state has {len(raw)} bytes; this server's generator state has {size}",
-            field="rng_state",
-        )
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-@contextlib.contextmanager
-def _caller_rng(state: torch.Tensor | None) -> Iterator[list[bytes]]:
-    """Run the body with the default CPU generator set to ``state`` (when given); yields a
-    list that holds, after the body, the state it left if that differs from ``state``. The
-    server's own state is restored in every case."""
-    after: list[bytes] = []
-    if state is None:
-        yield after
-        return
-    own = torch.get_rng_state()
-    try:
-        torch.set_rng_state(state)
-    except RuntimeError as e:
-        raise ServiceError(
-            Reason.INVALID_PROGRAM, f"rng_state is not a generator state: {e}",
-            field="rng_state",
-        ) from e
-    try:
-        yield after
-        now = torch.get_rng_state()
-        if not torch.equal(now, state):
-            after.append(now.numpy().tobytes())
-    finally:
-        torch.set_rng_state(own)
 
 
 def partitioner_raised(
@@ -447,7 +402,7 @@ class PartitionerInstance:
         asked for the data (TENSOR_DATA_REQUIRED).
         """
         hosted = build()
-        rng_state = _rng_state(request.rng_state)
+        rng_state = caller_rng.parse(request.rng_state)
         program = self._program(request)
         self._check_program(program)
         key = self.results.key(rpc, request)
@@ -466,7 +421,7 @@ class PartitionerInstance:
             try:
                 # The turn is the process's one hook slot: nothing else uses the generator
                 # between setting the caller's state and reading it back.
-                with _caller_rng(rng_state) as after, watch as reads:
+                with caller_rng.running_with(rng_state) as after, watch as reads:
                     response = hook(hosted, ep)
             except value_reads.TensorDataRequired as e:
                 raise self._data_required(rpc, str(e), None) from e
@@ -535,7 +490,7 @@ class PartitionerInstance:
                 Reason.INVALID_PROGRAM, "a method is named more than once", field="methods"
             )
         self.check_count(count)
-        rng_state = _rng_state(request.rng_state)
+        rng_state = caller_rng.parse(request.rng_state)
         programs = [
             [self._program_blob(p.program_digest) for p in m.programs] for m in request.methods
         ]
@@ -566,7 +521,7 @@ class PartitionerInstance:
             try:
                 # The turn is the process's one slot: nothing else uses the generator between
                 # setting the caller's state and reading it back.
-                with _caller_rng(rng_state) as after:
+                with caller_rng.running_with(rng_state) as after:
                     results = preprocess_runner.run(
                         hosted.backend_cls, inputs, request.multimethod, hosted.fresh_state
                     )
@@ -599,9 +554,9 @@ class PartitionerInstance:
         (:func:`remote_partitioner.server.quantize_call.run`)."""
         from remote_partitioner.server import quantize_call
 
-        ref = request.quantizer
         return self.run_on_program(
-            "Quantize", request, time_remaining, lambda: self.quantizer(ref),
+            "Quantize", request, time_remaining,
+            lambda: quantize_call.build_quantizer(self, request.quantizer),
             lambda quantizer, ep: quantize_call.run(quantizer, ep, request),
         )
 
@@ -727,28 +682,6 @@ class PartitionerInstance:
             ) from e
         except Exception as e:  # the partitioner's own constructor refused the spec
             raise partitioner_raised(hooks.remote_exception(e)) from e
-
-    def quantizer(self, ref: pb.QuantizerRef) -> Any:
-        """Build the hosted quantizer ``ref`` names (a torchao ``Quantizer``).
-
-        Raises:
-            ServiceError: UNKNOWN_QUANTIZER; INVALID_SPEC (a duplicate, unknown or ill-typed
-                key); PARTITIONER_RAISED (its constructor refused the spec).
-        """
-        try:
-            hosted = self.quantizers.get(ref.name)
-        except UnknownQuantizerError as e:
-            raise ServiceError(Reason.UNKNOWN_QUANTIZER, str(e), field="quantizer.name") from e
-        spec = spec_from_message(ref.spec)
-        try:
-            return hosted.build(spec)
-        except InvalidSpecError as e:
-            raise ServiceError(
-                Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
-                field=f"quantizer.spec[{e.key}]",
-            ) from e
-        except Exception as e:  # the quantizer's own configuration refused the spec
-            raise partitioner_raised(hooks.remote_exception(e), "the hosted quantizer") from e
 
     def _program(self, request: HookRequest) -> pb.Program:
         """The request's program: inline, or read from the ``program_digest`` blob."""

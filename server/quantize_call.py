@@ -26,12 +26,41 @@ import torch
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
-from remote_partitioner.proto.errors import Reason, ServiceError
+from remote_partitioner.proto.errors import EXPECTED_TYPE, SPEC_KEY, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks
+from remote_partitioner.server.instance import (
+    PartitionerInstance,
+    partitioner_raised,
+    spec_from_message,
+)
+from remote_partitioner.server.quantizers import InvalidSpecError, UnknownQuantizerError
 
 logger = logging.getLogger(__name__)
 _M = TypeVar("_M")
+
+
+def build_quantizer(instance: PartitionerInstance, ref: pb.QuantizerRef) -> Any:
+    """Build the hosted quantizer ``ref`` names (a torchao ``Quantizer``).
+
+    Raises:
+        ServiceError: UNKNOWN_QUANTIZER; INVALID_SPEC (a duplicate, unknown or ill-typed
+            key); PARTITIONER_RAISED (its constructor refused the spec).
+    """
+    try:
+        hosted = instance.quantizers.get(ref.name)
+    except UnknownQuantizerError as e:
+        raise ServiceError(Reason.UNKNOWN_QUANTIZER, str(e), field="quantizer.name") from e
+    spec = spec_from_message(ref.spec)
+    try:
+        return hosted.build(spec)
+    except InvalidSpecError as e:
+        raise ServiceError(
+            Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
+            field=f"quantizer.spec[{e.key}]",
+        ) from e
+    except Exception as e:  # the quantizer's own configuration refused the spec
+        raise partitioner_raised(hooks.remote_exception(e), "the hosted quantizer") from e
 
 
 def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.QuantizeResponse:
@@ -116,4 +145,4 @@ def _raised(
     return response
 
 
-__all__ = ["run"]
+__all__ = ["build_quantizer", "run"]
