@@ -696,7 +696,7 @@ class ConformancePlugin:
             # name counters after a conversion that raised, so the twin run after it would be
             # written with other names (see coremltools_fresh_state); the server does the same
             # before each preprocess it runs.
-            from remote_partitioner.server.backend_registry import coremltools_fresh_state
+            from remote_partitioner.server.backends.coreml import coremltools_fresh_state
 
             coremltools_fresh_state()
 

@@ -1,8 +1,9 @@
 """The backends whose ``preprocess`` this server runs (the ``Preprocess`` RPC), by backend id.
 
 A backend is an ExecuTorch ``BackendDetails`` subclass; its id is the class's name, as
-``DelegationSpec.backend_id`` names it and ``to_backend`` looks it up. The built-in ones
-(:data:`BUILTIN_BACKEND_CLASSES`) are hosted when their module imports here; other packages add
+``DelegationSpec.backend_id`` names it and ``to_backend`` looks it up. The built-in ones are
+made by ``hosted_backends()`` in each backend family's module under ``server/backends/``
+(:data:`~.registry.BUILTIN_BACKENDS`) and hosted when that module imports here; other packages add
 theirs through the ``remote_partitioner.backends`` entry point group, as partitioners do
 through ``remote_partitioner.partitioners`` (:mod:`remote_partitioner.server.registry`).
 
@@ -17,7 +18,12 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from remote_partitioner.server.registry import _root_logging_kept
+from remote_partitioner.server.registry import (
+    _root_logging_kept,
+    as_list,
+    builtin_families,
+    log_unavailable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +31,6 @@ ENTRY_POINT_GROUP = "remote_partitioner.backends"
 """Entry point group through which other packages add hosted backends. Each entry point loads
 to a ``BackendDetails`` subclass, a :class:`HostedBackend`, or a zero-argument callable returning
 one or a list of them."""
-
-#: The built-in backends: (module, class name), in registration order.
-BUILTIN_BACKEND_CLASSES: tuple[tuple[str, str], ...] = (
-    ("executorch.backends.xnnpack.xnnpack_preprocess", "XnnpackBackend"),
-    ("executorch.backends.apple.coreml.compiler", "CoreMLBackend"),
-    ("executorch.backends.vulkan.vulkan_preprocess", "VulkanBackend"),
-)
-
 
 class UnknownBackendError(KeyError):
     """A client named a backend id the server does not host.
@@ -145,39 +143,19 @@ def _hosted(obj: object) -> list[HostedBackend]:
     raise TypeError(f"expected a BackendDetails subclass, got {type(obj).__name__}")
 
 
-def coremltools_fresh_state() -> None:
-    """coremltools' conversion state as a fresh process has it.
-
-    coremltools names the MIL operations it builds from process-wide counters
-    (``Builder.name_count``: ``const_0``, ``const_1``, ...) and resets them after a conversion
-    that succeeds, not after one that raises. Measured (ExecuTorch's suite,
-    ``test_avgpool3d_combinations``): after a conversion that raised ("pool3D with ceil
-    mode=True and include_pad=True not supported"), the next program is written with its
-    constants named from ``const_8`` instead of ``const_0``, so its ``.pte`` differs from the
-    one a fresh process writes. This is coremltools' own reset, run before the conversion.
-    """
-    from coremltools.converters.mil import converter
-
-    converter._reset_conversion_state()
-
-
-#: Per built-in backend: what puts its library's state back before each preprocess.
-_BUILTIN_FRESH_STATE: dict[str, Callable[[], None]] = {"CoreMLBackend": coremltools_fresh_state}
-
-
-def builtin_backends() -> list[HostedBackend]:
-    """The built-in backends whose module imports here (one that does not is logged as a
-    warning and left out; never raises)."""
-    hosted = []
-    for module, name in BUILTIN_BACKEND_CLASSES:
+def builtin_backends(only: Iterable[str] | None = None) -> list[HostedBackend]:
+    """The built-in backends whose module imports here: each family of
+    :data:`~.registry.BUILTIN_BACKENDS` whose module defines ``hosted_backends()`` (one that
+    cannot be imported here is left out, :func:`~.registry.log_unavailable`; never raises)."""
+    hosted: list[HostedBackend] = []
+    for family, module in builtin_families(only):
         try:
             with _root_logging_kept():
-                cls = getattr(importlib.import_module(module), name)
-            hosted.append(HostedBackend(
-                cls, f"ExecuTorch's {name} ({module})", _BUILTIN_FRESH_STATE.get(name)
-            ))
+                make = getattr(importlib.import_module(module), "hosted_backends", None)
+                if make is not None:
+                    hosted.extend(as_list(make()))
         except Exception as e:
-            logger.warning("backend %r not available: %s: %s", name, type(e).__name__, e)
+            log_unavailable("backend", family, e)
     return hosted
 
 
@@ -196,10 +174,12 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedBackend]:
     return hosted
 
 
-def default_backend_registry(*, plugins: bool = True) -> BackendRegistry:
-    """The built-in backends and, if ``plugins``, the entry points' (a plugin whose id is
-    taken is logged and skipped)."""
-    registry = BackendRegistry(builtin_backends())
+def default_backend_registry(
+    *, plugins: bool = True, only: Iterable[str] | None = None
+) -> BackendRegistry:
+    """The built-in backends (of the families ``only`` names, default all) and, if
+    ``plugins``, the entry points' (a plugin whose id is taken is logged and skipped)."""
+    registry = BackendRegistry(builtin_backends(only))
     if plugins:
         for hosted in load_entry_points():
             if hosted.backend_id in registry:
@@ -210,11 +190,9 @@ def default_backend_registry(*, plugins: bool = True) -> BackendRegistry:
 
 
 __all__ = [
-    "BUILTIN_BACKEND_CLASSES",
     "ENTRY_POINT_GROUP",
     "BackendRegistry",
     "HostedBackend",
     "UnknownBackendError",
-    "coremltools_fresh_state",
     "default_backend_registry",
 ]

@@ -107,7 +107,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         memoized = install_all()
         if memoized:
             logger.info("pattern graphs built once per process: %s", ", ".join(memoized))
-    registry = default_registry(plugins=not args.no_plugins)
+    families = _families(args.backends)
+    if isinstance(families, int):
+        return families
+    registry = default_registry(plugins=not args.no_plugins, only=families)
     # Observability outermost, so that it also counts calls the token check refuses.
     interceptors = [
         ObservabilityInterceptor(metrics, known_partitioners=registry.names()), *interceptors
@@ -115,8 +118,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         server, port = create_server(
             args.address, registry=registry,
-            backends=default_backend_registry(plugins=not args.no_plugins),
-            quantizers=default_quantizers(plugins=not args.no_plugins), blob_store=store,
+            backends=default_backend_registry(plugins=not args.no_plugins, only=families),
+            quantizers=default_quantizers(plugins=not args.no_plugins, only=families),
+            blob_store=store,
             limits=limits,
             result_cache=ResultCache(
                 args.result_cache_bytes, versions=versions_key(),
@@ -155,6 +159,29 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if metrics is not None:
         metrics.stop()
     return 0
+
+
+def _families(value: str | None) -> list[str] | int | None:
+    """``--backends``' families (None: every family that imports), each checked to be hosted
+    here; or the exit status 2 after saying which one cannot be (and why)."""
+    from remote_partitioner.server.registry import check_family
+
+    if value is None:
+        return None
+    families = [f.strip() for f in value.split(",") if f.strip()]
+    for family in families:
+        try:
+            check_family(family)
+        except Exception as e:
+            print(
+                f"remote-partitioner serve: --backends {family}: cannot be hosted here: "
+                f"{type(e).__name__}: {e}"
+                + (" (`make venv-arm` builds the Arm backends' environment)"
+                   if family == "arm" and isinstance(e, ImportError) else ""),
+                file=sys.stderr, flush=True,
+            )
+            return 2
+    return families
 
 
 def _cannot_listen(address: str, cause: str = "") -> int:
@@ -217,6 +244,11 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
     # The port is this process's alone unless its supervisor (--workers) shares it among its
     # workers: each worker runs with this flag (SO_REUSEPORT); a second `serve` is refused.
     serve.add_argument("--share-port", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--backends", metavar="FAMILY,...",
+                       help="host only these built-in backend families (xnnpack, coreml, "
+                       "vulkan, arm), each of which must import here, or the server does not "
+                       "start; default: every family whose toolchain is installed (others are "
+                       "left out, logged at INFO)")
     serve.add_argument("--no-plugins", action="store_true",
                        help="host only the built-in partitioners, backends and quantizers, "
                        "not entry-point plugins")

@@ -57,6 +57,7 @@ from remote_partitioner.server.blobstore import (
     BlobView,
     check_digest,
 )
+from remote_partitioner.server.observability import stdout_logged
 from remote_partitioner.server.quantizers import (
     QuantizerRegistry,
     default_quantizers,
@@ -75,6 +76,8 @@ if TYPE_CHECKING:
     from remote_partitioner.server.lower_call import Lowered
 
 logger = logging.getLogger(__name__)
+#: The logger of what backend code prints to stdout during a call (see ``turn``).
+_BACKEND_OUTPUT = logging.getLogger("remote_partitioner.server.backend_output")
 
 TimeRemaining = Callable[[], "float | None"]
 """Seconds left before the caller's deadline; None when it has none."""
@@ -603,7 +606,9 @@ class PartitionerInstance:
                 Reason.DEADLINE_PASSED, "the deadline passed while the call waited for its turn"
             )
         try:
-            yield
+            # What backend code prints (Vela's network summary) goes to the log, at DEBUG.
+            with stdout_logged(_BACKEND_OUTPUT):
+                yield
         finally:
             self._hook_lock.release()
 

@@ -56,7 +56,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+)
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TextIO
 
@@ -365,6 +372,60 @@ class ProgressLog(io.TextIOBase):
                 self._logger.log(self._level, "%s", state)
         self._state = self._state.rsplit("\r", 1)[-1]  # only the latest redraw is kept
         return len(text)
+
+
+class _StdoutRouter(io.TextIOBase):
+    """``sys.stdout`` once :func:`stdout_logged` has run: a thread inside a
+    ``stdout_logged`` block writes to its own :class:`ProgressLog`, every other thread to the
+    stream that was ``sys.stdout`` before."""
+
+    def __init__(self, underlying: TextIO) -> None:
+        super().__init__()
+        self.underlying = underlying
+        self.local = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def _target(self) -> TextIO:
+        return getattr(self.local, "log", None) or self.underlying
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def fileno(self) -> int:
+        return self.underlying.fileno()
+
+
+_router_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def stdout_logged(logger: logging.Logger, level: int = logging.DEBUG) -> Iterator[None]:
+    """Within the block, what this thread prints to ``sys.stdout`` becomes records of
+    ``logger`` at ``level``, a line each (carriage-return redraws reduced to their last state,
+    as :class:`ProgressLog` does); other threads print as before. The server runs each call's
+    backend code so (Vela prints its network summary): its stdout holds only its own lines.
+
+    Output written to file descriptor 1 by native code, bypassing ``sys.stdout``, is not
+    caught. Blocks nest (the inner one's logger wins until it ends).
+    """
+    with _router_lock:
+        router = sys.stdout
+        if not isinstance(router, _StdoutRouter):
+            router = _StdoutRouter(sys.stdout)
+            sys.stdout = router
+    outer = getattr(router.local, "log", None)
+    log = ProgressLog(logger, level)
+    router.local.log = log
+    try:
+        yield
+    finally:
+        log.write("\n")  # a last line without its newline is logged too
+        router.local.log = outer
 
 
 def configure_logging(level: str = "WARNING", *, stream: TextIO | None = None) -> None:

@@ -32,18 +32,20 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from remote_partitioner.server.registry import (
-    BUILTIN_BACKENDS,
     InvalidSpecError,
     NamedRegistry,
     SpecKey,
     SpecValue,
     UnknownNameError,
     _root_logging_kept,
+    as_list,
+    builtin_families,
+    log_unavailable,
 )
 
 if TYPE_CHECKING:
@@ -162,23 +164,25 @@ class QuantizerRegistry(NamedRegistry[HostedQuantizer]):
     create = build
 
 
-def builtin_quantizers() -> QuantizerRegistry:
+def builtin_quantizers(only: Iterable[str] | None = None) -> QuantizerRegistry:
     """Returns a registry of the built-in hosted quantizers whose backend imports here.
 
     Calls ``hosted_quantizer()`` of each module of :data:`~.registry.BUILTIN_BACKENDS` that
-    defines it, in that order. A backend whose import fails is logged as a warning and left
-    out; the root logger is left as it was; this never raises.
+    defines it, in that order. A backend whose import fails is left out
+    (:func:`~.registry.log_unavailable`); the root logger is left as it was; this never
+    raises.
     """
     registry = QuantizerRegistry()
-    for name, module in BUILTIN_BACKENDS:
+    for name, module in builtin_families(only):
         try:
             with _root_logging_kept():
                 make = getattr(importlib.import_module(module), "hosted_quantizer", None)
                 if make is None:
                     continue
-                registry.register(make())
+                for hosted in as_list(make()):
+                    registry.register(hosted)
         except Exception as e:
-            logger.warning("quantizer %r not available: %s: %s", name, type(e).__name__, e)
+            log_unavailable("quantizer", name, e)
     return registry
 
 
@@ -208,11 +212,13 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedQuantizer]:
     return hosted
 
 
-def default_quantizers(*, plugins: bool = True) -> QuantizerRegistry:
-    """Returns :func:`builtin_quantizers` plus, if ``plugins``, the entry points' quantizers
-    (:func:`load_entry_points`); a plugin whose name is already registered is logged and
-    skipped."""
-    registry = builtin_quantizers()
+def default_quantizers(
+    *, plugins: bool = True, only: Iterable[str] | None = None
+) -> QuantizerRegistry:
+    """Returns :func:`builtin_quantizers` (of the families ``only`` names, default all) plus,
+    if ``plugins``, the entry points' quantizers (:func:`load_entry_points`); a plugin whose
+    name is already registered is logged and skipped."""
+    registry = builtin_quantizers(only)
     if plugins:
         for hosted in load_entry_points():
             if hosted.name in registry:

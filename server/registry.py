@@ -382,28 +382,82 @@ def _root_logging_kept() -> Iterator[None]:
         root.handlers[:] = handlers
 
 
-#: The built-in hosted partitioners: name, and the module under server/backends/ whose
-#: ``hosted()`` builds it, in the order they are registered.
+#: The built-in backend families: name, and the module under server/backends/ whose
+#: ``hosted()`` builds its partitioner(s) (and ``hosted_quantizer()`` its quantizer(s)), in the
+#: order they are registered. A family whose toolchain is not installed here is left out.
 BUILTIN_BACKENDS: tuple[tuple[str, str], ...] = (
     ("xnnpack", "remote_partitioner.server.backends.xnnpack"),
     ("coreml", "remote_partitioner.server.backends.coreml"),
     ("vulkan", "remote_partitioner.server.backends.vulkan"),
+    ("arm", "remote_partitioner.server.backends.arm"),
 )
 
 
-def builtin_partitioners() -> list[HostedPartitioner]:
-    """Returns the built-in hosted partitioners whose backend imports here.
+def as_list(made: _T | list[_T] | tuple[_T, ...]) -> list[_T]:
+    """What a backend module's ``hosted()`` or ``hosted_quantizer()`` made, as a list (a
+    family may host several: ``arm`` hosts ``arm_tosa``, ``ethos_u55`` and ``ethos_u85``)."""
+    return list(made) if isinstance(made, (list, tuple)) else [made]
 
-    A backend whose import fails is logged as a warning and left out; this never
-    raises.
+
+def log_unavailable(kind: str, family: str, error: Exception) -> None:
+    """Logs why the built-in backend family ``family`` hosts no ``kind``: at INFO when its
+    toolchain is not installed in this environment (a ``ModuleNotFoundError`` for a module
+    outside this package: expected where a server is built for other backends, e.g. Arm's
+    tosa-tools in the main environment), as a warning for anything else."""
+    missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    if missing and not missing.startswith("remote_partitioner"):
+        logger.info("%s %r not hosted: %s is not installed here", kind, family, missing)
+    else:
+        logger.warning("%s %r not available: %s: %s", kind, family, type(error).__name__, error)
+
+
+def builtin_families(only: Iterable[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The entries of :data:`BUILTIN_BACKENDS`: all, or those ``only`` names (in
+    :data:`BUILTIN_BACKENDS`'s order).
+
+    Raises:
+        ValueError: ``only`` names a family that is not built in.
     """
-    hosted = []
-    for name, module in BUILTIN_BACKENDS:
+    if only is None:
+        return BUILTIN_BACKENDS
+    wanted = set(only)
+    unknown = wanted - {name for name, _ in BUILTIN_BACKENDS}
+    if unknown:
+        raise ValueError(
+            f"no built-in backend family {', '.join(map(repr, sorted(unknown)))}; built in: "
+            f"{', '.join(name for name, _ in BUILTIN_BACKENDS)}"
+        )
+    return tuple((name, module) for name, module in BUILTIN_BACKENDS if name in wanted)
+
+
+def check_family(family: str) -> None:
+    """Builds the built-in family ``family``'s hosted partitioners once, so that a server told
+    to host it can refuse to start where it cannot (:func:`builtin_partitioners` only logs).
+
+    Raises:
+        ValueError: ``family`` is not built in.
+        Exception: what importing or building the family raised (``ModuleNotFoundError``
+            where its toolchain is not installed).
+    """
+    ((_, module),) = builtin_families([family])
+    with _root_logging_kept():
+        importlib.import_module(module).hosted()
+
+
+def builtin_partitioners(only: Iterable[str] | None = None) -> list[HostedPartitioner]:
+    """Returns the built-in hosted partitioners whose backend imports here, of the families
+    ``only`` names (default: every family, :func:`builtin_families`).
+
+    A backend whose import fails is left out (:func:`log_unavailable`); this never raises
+    (but for an unknown family in ``only``: ValueError).
+    """
+    hosted: list[HostedPartitioner] = []
+    for name, module in builtin_families(only):
         try:
             with _root_logging_kept():
-                hosted.append(importlib.import_module(module).hosted())
+                hosted.extend(as_list(importlib.import_module(module).hosted()))
         except Exception as e:
-            logger.warning("partitioner %r not available: %s: %s", name, type(e).__name__, e)
+            log_unavailable("partitioner", name, e)
     return hosted
 
 
@@ -437,12 +491,13 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedPartitioner]
     return hosted
 
 
-def default_registry(*, plugins: bool = True) -> Registry:
-    """Returns a registry of the built-in partitioners and, if ``plugins``, entry points.
+def default_registry(*, plugins: bool = True, only: Iterable[str] | None = None) -> Registry:
+    """Returns a registry of the built-in partitioners (of the families ``only`` names, default
+    all) and, if ``plugins``, entry points.
 
     A plugin whose name is already registered is logged and skipped.
     """
-    registry = Registry(builtin_partitioners())
+    registry = Registry(builtin_partitioners(only))
     if plugins:
         for hosted in load_entry_points():
             if hosted.name in registry:

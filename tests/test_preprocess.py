@@ -338,7 +338,7 @@ def test_coreml_preprocess_after_a_failed_conversion(server_address: str) -> Non
     conformance suite (``test_avgpool3d_combinations[coreml]``)."""
     from executorch.backends.apple.coreml.partition import CoreMLPartitioner
 
-    from remote_partitioner.server.backend_registry import coremltools_fresh_state
+    from remote_partitioner.server.backends.coreml import coremltools_fresh_state
 
     failing = export(_Pool3d(3, ceil_mode=True), (torch.randn(1, 4, 10, 10, 10),), strict=True)
     first = RemotePartitioner(server_address, "coreml", remote_preprocess=True, timeout=600)
@@ -368,7 +368,7 @@ def test_coreml_lower_after_a_failed_conversion(server_address: str) -> None:
     from executorch.backends.apple.coreml.partition import CoreMLPartitioner
 
     from remote_partitioner.client.lower import LowerClient, partitioner_ref
-    from remote_partitioner.server.backend_registry import coremltools_fresh_state
+    from remote_partitioner.server.backends.coreml import coremltools_fresh_state
 
     def archive(ep: ExportedProgram) -> bytes:
         buffer = io.BytesIO()

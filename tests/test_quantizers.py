@@ -196,12 +196,14 @@ def test_a_backend_that_fails_is_left_out_and_logging_kept(
         "def hosted_quantizer():\n    raise ImportError('no SDK here')\n")
     (tmp_path / "rp_no_quantizer_backend.py").write_text("def hosted():\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(quantizers, "BUILTIN_BACKENDS", (
+    from remote_partitioner.server import registry
+
+    monkeypatch.setattr(registry, "BUILTIN_BACKENDS", (
         ("broken", "rp_broken_backend"), ("plain", "rp_no_quantizer_backend"),
         ("xnnpack", "remote_partitioner.server.backends.xnnpack")))
     root = logging.getLogger()
     level = root.level
-    with caplog.at_level(logging.WARNING, logger=quantizers.__name__):
+    with caplog.at_level(logging.WARNING, logger=registry.__name__):
         got = builtin_quantizers()
     assert got.names() == ["xnnpack"]
     assert root.level == level  # the broken backend's import set it to DEBUG

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from enum import Enum
@@ -184,6 +185,44 @@ def _expected_hooks(cls: type) -> tuple[str, ...]:
 
 
 # --- built-ins -----------------------------------------------------------------
+
+
+def test_a_family_whose_toolchain_is_missing_is_left_out_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The main environment has no tosa-tools: the Arm family is not hosted, and says so at
+    # INFO (a warning on every start of a server built for other backends would be noise).
+    with caplog.at_level(logging.DEBUG, logger=registry.__name__):
+        names = [h.name for h in builtin_partitioners()]
+    assert "arm_tosa" not in names and "ethos_u55" not in names
+    ((record,),) = [[r for r in caplog.records if "'arm'" in r.getMessage()]]
+    assert record.levelno == logging.INFO
+    # (The first of the toolchain's modules found missing: tosa-tools' or Vela's.)
+    assert re.fullmatch(
+        r"partitioner 'arm' not hosted: (tosa_serializer|ethosu) is not installed here",
+        record.getMessage(),
+    )
+    # Anything else that breaks a family is a warning.
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=registry.__name__):
+        registry.log_unavailable("partitioner", "x", ImportError("libfoo.so: cannot open"))
+        registry.log_unavailable(
+            "partitioner", "y", ModuleNotFoundError("gone", name="remote_partitioner.gone"))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "partitioner 'x' not available: ImportError: libfoo.so: cannot open"),
+        (logging.WARNING, "partitioner 'y' not available: ModuleNotFoundError: gone"),
+    ]
+
+
+def test_only_the_named_families_are_hosted() -> None:
+    assert [h.name for h in builtin_partitioners(["vulkan", "xnnpack"])] == ["xnnpack", "vulkan"]
+    assert default_registry(plugins=False, only=["coreml"]).names() == ["coreml"]
+    with pytest.raises(ValueError, match="no built-in backend family 'tosa'; built in: "
+                       "xnnpack, coreml, vulkan, arm"):
+        builtin_partitioners(["tosa"])
+    registry.check_family("xnnpack")
+    with pytest.raises(ModuleNotFoundError, match=r"tosa_serializer|ethosu"):
+        registry.check_family("arm")
 
 
 def test_builtins_all_import_here(caplog: pytest.LogCaptureFixture) -> None:

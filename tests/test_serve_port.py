@@ -5,6 +5,7 @@ shows the sharing)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -113,3 +114,18 @@ def test_a_stopped_servers_port_is_free_again() -> None:
             accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
             assert client.recv(1) == b""
     assert port_is_free(address)
+
+
+def test_serve_refuses_a_backend_family_it_cannot_host(tmp_path: Path) -> None:
+    """`serve --backends arm` where tosa-tools is not installed (this environment) does not
+    start a server hosting less than it was told to: it exits 2 naming the family, the missing
+    module and the make target that builds its environment."""
+    code, stdout, stderr = serve(tmp_path, "--address", "127.0.0.1:0", "--backends", "arm")
+    assert code == 2, (stdout, stderr[-2000:])
+    assert "serving" not in stdout
+    assert re.search(
+        r"remote-partitioner serve: --backends arm: cannot be hosted here: ModuleNotFoundError: "
+        r"No module named '(tosa_serializer|ethosu)' \(`make venv-arm` builds the Arm "
+        r"backends' environment\)",
+        stderr,
+    ), stderr[-2000:]

@@ -28,6 +28,7 @@ from remote_partitioner.server.registry import (
 if TYPE_CHECKING:
     from torchao.quantization.pt2e.quantizer import Quantizer
 
+    from remote_partitioner.server.backend_registry import HostedBackend
     from remote_partitioner.server.quantizers import HostedQuantizer
 
 #: coremltools' progress bars, drawn on stderr by every conversion: (module, name of tqdm).
@@ -281,3 +282,36 @@ def hosted_quantizer() -> HostedQuantizer:
         CoreMLQuantizer,
         "Core ML: int8 PT2E quantization (coremltools' linear quantizer config, global)",
     )
+
+
+def hosted_backends() -> list[HostedBackend]:
+    """The backend whose ``preprocess`` the server runs for ``coreml`` (the ``Preprocess`` RPC):
+    ExecuTorch's ``CoreMLBackend``, from
+    coremltools' fresh conversion state each time (:func:`coremltools_fresh_state`)."""
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+
+    from remote_partitioner.server.backend_registry import HostedBackend
+
+    return [
+        HostedBackend(
+            CoreMLBackend,
+            "ExecuTorch's CoreMLBackend (coremltools' conversion)",
+            coremltools_fresh_state,
+        )
+    ]
+
+
+def coremltools_fresh_state() -> None:
+    """coremltools' conversion state as a fresh process has it.
+
+    coremltools names the MIL operations it builds from process-wide counters
+    (``Builder.name_count``: ``const_0``, ``const_1``, ...) and resets them after a conversion
+    that succeeds, not after one that raises. Measured (ExecuTorch's suite,
+    ``test_avgpool3d_combinations``): after a conversion that raised ("pool3D with ceil
+    mode=True and include_pad=True not supported"), the next program is written with its
+    constants named from ``const_8`` instead of ``const_0``, so its ``.pte`` differs from the
+    one a fresh process writes. This is coremltools' own reset, run before the conversion.
+    """
+    from coremltools.converters.mil import converter
+
+    converter._reset_conversion_state()

@@ -22,6 +22,7 @@ from remote_partitioner.server.registry import (
 if TYPE_CHECKING:
     from torchao.quantization.pt2e.quantizer import Quantizer
 
+    from remote_partitioner.server.backend_registry import HostedBackend
     from remote_partitioner.server.quantizers import HostedQuantizer
 
 _VULKAN_CONSTRUCTOR_KEYS = (
@@ -225,3 +226,13 @@ def hosted_quantizer() -> HostedQuantizer:
         VulkanQuantizer,
         "Vulkan: int8 or int4 per-channel weights for linear, weight-only or dynamic",
     )
+
+
+def hosted_backends() -> list[HostedBackend]:
+    """The backend whose ``preprocess`` the server runs for ``vulkan`` (the ``Preprocess`` RPC):
+    ExecuTorch's ``VulkanBackend``."""
+    from executorch.backends.vulkan.vulkan_preprocess import VulkanBackend
+
+    from remote_partitioner.server.backend_registry import HostedBackend
+
+    return [HostedBackend(VulkanBackend, "ExecuTorch's VulkanBackend (Vulkan's preprocess)")]

@@ -21,6 +21,7 @@ from remote_partitioner.server.registry import (
 if TYPE_CHECKING:
     from torchao.quantization.pt2e.quantizer import Quantizer
 
+    from remote_partitioner.server.backend_registry import HostedBackend
     from remote_partitioner.server.quantizers import HostedQuantizer
 
 
@@ -134,3 +135,13 @@ def _check_range(
         raise InvalidSpecError(
             key, "int", f"xnnpack: spec key {key!r}: {low} {lo} exceeds {high} {hi}"
         )
+
+
+def hosted_backends() -> list[HostedBackend]:
+    """The backend whose ``preprocess`` the server runs for ``xnnpack`` (the ``Preprocess`` RPC):
+    ExecuTorch's ``XnnpackBackend``."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from remote_partitioner.server.backend_registry import HostedBackend
+
+    return [HostedBackend(XnnpackBackend, "ExecuTorch's XnnpackBackend (XNNPACK's preprocess)")]
