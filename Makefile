@@ -26,7 +26,7 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean \
+.PHONY: venv venv-arm node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean \
 	image image-test bench-image
 
 venv: $(STAMP)
@@ -38,6 +38,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install torch==2.13.0
 	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+# The Arm backends' server environment (arm_tosa, ethos_u55, ethos_u85): its own virtualenv,
+# since tosa-tools pins numpy and flatbuffers against the main one (docs/environments.md).
+VENV_ARM ?= .venv-arm
+venv-arm: $(VENV_ARM)/.installed
+
+$(VENV_ARM)/.installed: pyproject.toml
+	test -x $(VENV_ARM)/bin/python || $(PYTHON) -m venv $(VENV_ARM)
+	$(VENV_ARM)/bin/python -m pip install --upgrade pip
+	$(VENV_ARM)/bin/python -m pip install torch==2.13.0
+	$(VENV_ARM)/bin/python -m pip install -e '.[arm]'
 	touch $@
 
 # The Node.js client (client/node), installed from the npm registry as its lock file pins it.
