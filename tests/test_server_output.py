@@ -30,6 +30,7 @@ import grpc
 import pytest
 import servers  # (tests/ is on sys.path)
 import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from models import small_models
 
@@ -42,6 +43,7 @@ from remote_partitioner.server.observability import (
     ProgressLog,
     configure_logging,
 )
+from remote_partitioner.server.registry import HostedPartitioner, Registry
 
 #: A log record's first line, as :data:`~remote_partitioner.server.observability.LOG_FORMAT`
 #: writes it: level, logger, request id, message.
@@ -269,3 +271,40 @@ def test_progress_log_logs_each_finished_bar_once() -> None:
         (logging.INFO, "Running passes: 100%")
     ], [r.getMessage() for r in got]
     assert "40/40" in got[0].getMessage() and "\r" not in got[0].getMessage()
+
+
+class _PrintingPartitioner(XnnpackPartitioner):
+    """XNNPACK's partitioner, printing a Vela-like summary to stdout as it partitions."""
+
+    def partition(self, exported_program: Any) -> Any:
+        print("Network summary for out\nAccelerator configuration   Ethos_U55_128", end="")
+        return super().partition(exported_program)
+
+
+def test_what_backend_code_prints_during_a_call_goes_to_the_log(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hosted partitioner's prints (Vela prints its network summary) do not reach the
+    server's stdout: they are records of ``remote_partitioner.server.backend_output`` at DEBUG,
+    a line each (the last one without its newline too); the server's own output is unchanged,
+    and this thread prints as before once the call is over."""
+    registry = Registry([HostedPartitioner(
+        "printing", "XnnpackBackend", {}, lambda spec: _PrintingPartitioner(),
+        _PrintingPartitioner,
+    )])
+    model, inputs = small_models()["linear"]
+    with caplog.at_level(logging.DEBUG, logger="remote_partitioner.server.backend_output"), \
+            servers.inproc_server(registry=registry) as (_, target):
+        to_edge_transform_and_lower(
+            torch.export.export(model, inputs),
+            partitioner=[RemotePartitioner(target, "printing", timeout=120)],
+        )
+    print("the test's own line")
+    out = capsys.readouterr().out
+    assert "Network summary" not in out and "Accelerator" not in out, out
+    assert "the test's own line" in out
+    assert [(r.levelno, r.getMessage()) for r in caplog.records
+            if r.name == "remote_partitioner.server.backend_output"] == [
+        (logging.DEBUG, "Network summary for out"),
+        (logging.DEBUG, "Accelerator configuration   Ethos_U55_128"),
+    ]
