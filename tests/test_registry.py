@@ -800,3 +800,26 @@ def test_plugins_load_through_entry_points(
 
 def test_plugin_path_is_cleaned_up() -> None:
     assert not any(p.name == "echo" for p in load_entry_points())
+
+
+def test_vela_options_are_an_allow_list_kept_in_order() -> None:
+    """Ethos-U's ``extra_flags`` reach Vela's command line: only allow-listed options, none
+    that names a file (``--output-dir``, ``--config``) or prints a report, each checked, in the
+    client's order (part of the compile spec, hence of the .pte). Plain Python: checked here,
+    where the Arm toolchain itself is not installed."""
+    from remote_partitioner.server.backends.arm import parse_vela_flags
+
+    assert parse_vela_flags("--arena-cache-size=2097152  --optimise=Size --disable-chaining") == [
+        "--arena-cache-size=2097152", "--optimise=Size", "--disable-chaining"]
+    for bad, message in [
+        ("--output-dir=/tmp", "'--output-dir=/tmp' is not an accepted Vela option"),
+        ("--config=/etc/passwd", "'--config=/etc/passwd' is not an accepted Vela option"),
+        ("--verbose-all", "'--verbose-all' is not an accepted Vela option"),
+        ("--optimise=Fast", "'--optimise=Fast': 'Fast' is not one of Size, Performance"),
+        ("--arena-cache-size=-1", "'--arena-cache-size=-1': -1 is below 0"),
+        ("--arena-cache-size", "--arena-cache-size takes a value"),
+        ("--disable-chaining=1", "--disable-chaining takes no value"),
+        ("--output-format=tflite", "'tflite' is not one of raw"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_vela_flags(bad)

@@ -64,8 +64,8 @@ def _int_at_least(low: int) -> Callable[[str], object]:
     return parse
 
 
-def _one_of(*accepted: str) -> Callable[[str], object]:
-    def parse(value: str) -> object:
+def _choice(accepted: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
         if value not in accepted:
             raise ValueError(f"{value!r} is not one of {', '.join(accepted)}")
         return value
@@ -80,9 +80,9 @@ VELA_OPTIONS.update(
         "--max-block-dependency": _int_at_least(0),
         "--recursion-limit": _int_at_least(1),
         "--hillclimb-max-iterations": _int_at_least(1),
-        "--optimise": _one_of("Size", "Performance"),
-        "--tensor-allocator": _one_of("LinearAlloc", "Greedy", "HillClimb"),
-        "--output-format": _one_of("raw"),
+        "--optimise": _choice(("Size", "Performance")),
+        "--tensor-allocator": _choice(("LinearAlloc", "Greedy", "HillClimb")),
+        "--output-format": _choice(("raw",)),
         "--force-symmetric-int-weights": None,
         "--disable-chaining": None,
         "--disable-fwd": None,
@@ -144,15 +144,6 @@ def _vela_sections(kind: str) -> tuple[str, ...]:
     parser.read_string(files("ethosu").joinpath("config_files/Arm/vela.ini").read_text())
     prefix = kind + "."
     return tuple(s[len(prefix) :] for s in parser.sections() if s.startswith(prefix))
-
-
-def _choice(accepted: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in accepted:
-            raise ValueError(f"{value!r} is not one of {', '.join(accepted)}")
-        return value
-
-    return parse
 
 
 def _tosa_keys(default: str = "TOSA-1.0+FP") -> dict[str, SpecKey]:
