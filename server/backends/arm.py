@@ -126,6 +126,17 @@ def parse_vela_flags(value: str) -> list[str]:
     return flags
 
 
+def _require_toolchain() -> None:
+    """ModuleNotFoundError naming tosa-tools' or Vela's module when either is missing, before
+    anything imports ExecuTorch's Arm package (whose partial import in an environment without
+    them writes torch's warnings straight to stderr, past the server's logging)."""
+    import importlib.util
+
+    for module in ("tosa_serializer", "ethosu"):
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
 def _tosa_spec(value: str) -> Any:
     from executorch.backends.arm.tosa import TosaSpecification
 
@@ -260,6 +271,7 @@ def _built(name: str, build: Callable[[Mapping[str, SpecValue]], Any], spec: Any
 def hosted() -> list[HostedPartitioner]:
     """The hosted ``arm_tosa``, ``ethos_u55`` and ``ethos_u85`` partitioners (import
     ExecuTorch's Arm backend, tosa-tools and Vela; raise if they cannot be imported)."""
+    _require_toolchain()
     import ethosu.vela  # noqa: F401  (Vela: Ethos-U's preprocess calls it)
     from executorch.backends.arm.ethosu import EthosUPartitioner
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
@@ -347,6 +359,7 @@ def hosted_quantizer() -> list[HostedQuantizer]:
     build it. The spec keys are the partitioner's (the compile spec) and the configuration
     function's arguments (sent keyword by keyword, in its parameter order; absent keys take
     its defaults, per channel by default)."""
+    _require_toolchain()
     from executorch.backends.arm.quantizer import (
         EthosUQuantizer,
         TOSAQuantizer,
@@ -398,6 +411,7 @@ def hosted_backends() -> list[HostedBackend]:
     flatbuffer) and ``EthosUBackend`` (``ethos_u55``, ``ethos_u85``: the TOSA flatbuffer
     compiled by Vela, in a temporary folder Vela's caller removes; what Vela prints goes to the
     server's log at DEBUG, as all backend output during a call does)."""
+    _require_toolchain()
     from executorch.backends.arm.ethosu.backend import EthosUBackend
     from executorch.backends.arm.tosa.backend import TOSABackend
 
