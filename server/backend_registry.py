@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 from remote_partitioner.server.registry import (
     _root_logging_kept,
-    as_list,
-    builtin_families,
-    log_unavailable,
+    from_families,
 )
 
 logger = logging.getLogger(__name__)
@@ -144,19 +142,11 @@ def _hosted(obj: object) -> list[HostedBackend]:
 
 
 def builtin_backends(only: Iterable[str] | None = None) -> list[HostedBackend]:
-    """The built-in backends whose module imports here: each family of
-    :data:`~.registry.BUILTIN_BACKENDS` whose module defines ``hosted_backends()`` (one that
-    cannot be imported here is left out, :func:`~.registry.log_unavailable`; never raises)."""
-    hosted: list[HostedBackend] = []
-    for family, module in builtin_families(only):
-        try:
-            with _root_logging_kept():
-                make = getattr(importlib.import_module(module), "hosted_backends", None)
-                if make is not None:
-                    hosted.extend(as_list(make()))
-        except Exception as e:
-            log_unavailable("backend", family, e)
-    return hosted
+    """The built-in backends whose module imports here: each family module's
+    ``hosted_backends()``, for the families ``only`` names (default every one;
+    :func:`~.registry.from_families`: one that cannot be imported here is left out and logged,
+    never raised)."""
+    return from_families("hosted_backends", "backend", only)
 
 
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedBackend]:

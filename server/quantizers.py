@@ -42,10 +42,7 @@ from remote_partitioner.server.registry import (
     SpecKey,
     SpecValue,
     UnknownNameError,
-    _root_logging_kept,
-    as_list,
-    builtin_families,
-    log_unavailable,
+    from_families,
 )
 
 if TYPE_CHECKING:
@@ -165,25 +162,11 @@ class QuantizerRegistry(NamedRegistry[HostedQuantizer]):
 
 
 def builtin_quantizers(only: Iterable[str] | None = None) -> QuantizerRegistry:
-    """Returns a registry of the built-in hosted quantizers whose backend imports here.
-
-    Calls ``hosted_quantizer()`` of each module of :data:`~.registry.BUILTIN_BACKENDS` that
-    defines it, in that order. A backend whose import fails is left out
-    (:func:`~.registry.log_unavailable`); the root logger is left as it was; this never
-    raises.
-    """
-    registry = QuantizerRegistry()
-    for name, module in builtin_families(only):
-        try:
-            with _root_logging_kept():
-                make = getattr(importlib.import_module(module), "hosted_quantizer", None)
-                if make is None:
-                    continue
-                for hosted in as_list(make()):
-                    registry.register(hosted)
-        except Exception as e:
-            log_unavailable("quantizer", name, e)
-    return registry
+    """Returns a registry of the built-in hosted quantizers whose backend imports here: each
+    family module's ``hosted_quantizer()``, for the families ``only`` names (default every one;
+    :func:`~.registry.from_families`: a family that cannot be imported here is left out and
+    logged, never raised)."""
+    return QuantizerRegistry(from_families("hosted_quantizer", "quantizer", only))
 
 
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedQuantizer]:

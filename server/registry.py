@@ -444,21 +444,32 @@ def check_family(family: str) -> None:
         importlib.import_module(module).hosted()
 
 
-def builtin_partitioners(only: Iterable[str] | None = None) -> list[HostedPartitioner]:
-    """Returns the built-in hosted partitioners whose backend imports here, of the families
-    ``only`` names (default: every family, :func:`builtin_families`).
+def from_families(maker: str, kind: str, only: Iterable[str] | None = None) -> list[Any]:
+    """What the function ``maker`` of each built-in family's module makes (``hosted``,
+    ``hosted_quantizer``, ``hosted_backends``: one object or a list), as one list in family
+    order, for the families ``only`` names (default every one, :func:`builtin_families`).
 
-    A backend whose import fails is left out (:func:`log_unavailable`); this never raises
-    (but for an unknown family in ``only``: ValueError).
+    A module without ``maker`` adds nothing; a family that cannot be imported or built here is
+    left out (:func:`log_unavailable`, as a ``kind``); the root logger is left as it was. Never
+    raises (but for an unknown family in ``only``: ValueError).
     """
-    hosted: list[HostedPartitioner] = []
+    made: list[Any] = []
     for name, module in builtin_families(only):
         try:
             with _root_logging_kept():
-                hosted.extend(as_list(importlib.import_module(module).hosted()))
+                make = getattr(importlib.import_module(module), maker, None)
+                if make is not None:
+                    made.extend(as_list(make()))
         except Exception as e:
-            log_unavailable("partitioner", name, e)
-    return hosted
+            log_unavailable(kind, name, e)
+    return made
+
+
+def builtin_partitioners(only: Iterable[str] | None = None) -> list[HostedPartitioner]:
+    """Returns the built-in hosted partitioners whose backend imports here, of the families
+    ``only`` names (default: every family): each family module's ``hosted()``
+    (:func:`from_families`)."""
+    return from_families("hosted", "partitioner", only)
 
 
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[HostedPartitioner]:
