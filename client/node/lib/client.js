@@ -476,6 +476,14 @@ export class RemotePartitionerClient {
   }
 
   async lowerOnce(request, outputPath) {
+    // As the Python CLI: the .pte goes to a temporary file beside the file `outputPath` names
+    // (through symbolic links), renamed over it once whole and verified, with an existing
+    // file's mode; an output that is not a regular file (/dev/null, a pipe) is written after.
+    // Resolved before the call starts: between the call's start and the loop below nothing
+    // listens for its 'error' event, and a fast error (a bad spec) would then be thrown as an
+    // unhandled event instead of rejecting.
+    const out = outputPath && !request.options.report_only ? await pteTarget(outputPath) : null;
+    const tmp = out && out.regular ? `${out.target}.tmp-${process.pid}` : null;
     this.stats.rpcs += 1;
     const call = this.watch(this.stub.Lower(request, this.metadata(), this.callOptions()));
     let report = null;
@@ -483,11 +491,6 @@ export class RemotePartitionerClient {
     let received = 0;
     let hash = null;
     let fh = null;
-    // As the Python CLI: the .pte goes to a temporary file beside the file `outputPath` names
-    // (through symbolic links), renamed over it once whole and verified, with an existing
-    // file's mode; an output that is not a regular file (/dev/null, a pipe) is written after.
-    const out = outputPath && !request.options.report_only ? await pteTarget(outputPath) : null;
-    const tmp = out && out.regular ? `${out.target}.tmp-${process.pid}` : null;
     const held = [];
     let ok = false;
     try {
