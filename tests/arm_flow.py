@@ -110,7 +110,9 @@ def main() -> None:
             )
         program = torch.export.export(model, inputs, strict=True)
         if job["quantize"]:
-            prepared = prepare_pt2e(program.module(), quantizer)
+            # As Arm's own flows: without check_guards=False the module holds a `_guards_fn`
+            # call_module node that the Arm quantizer's passes refuse (torch 2.13).
+            prepared = prepare_pt2e(program.module(check_guards=False), quantizer)
             prepared(*inputs)
             converted = convert_pt2e(prepared, fold_quantize=True)
             program = torch.export.export(converted, inputs, strict=True)

@@ -441,3 +441,63 @@ def test_symbol_hints_are_solved_only_from_linear_expressions() -> None:
     assert _solve_for(16 * s, s, 225, None) is None  # not an integer
     for expr in (s**2, s**1_000_000, sympy.floor(s / 2), s * sympy.Rational(1, 2)):
         assert _solve_for(expr, s, 4, None) is None, expr
+
+
+def test_edge_verifier_configuration_crosses() -> None:
+    """An Edge program keeps its verifier's configuration across the wire: the operators kept
+    from decomposition validate on the other side as they do locally (Arm's preprocess calls
+    ``validate()``; the default verifier refused ``aten.linear`` there), and nothing but
+    registered operators is accepted for it."""
+    from executorch.exir import EdgeCompileConfig
+    linear = torch.ops.aten.linear.default
+    edge = to_edge(
+        export(torch.nn.Linear(4, 3).eval(), (torch.randn(2, 4),)),
+        compile_config=EdgeCompileConfig(preserve_ops=[linear], _skip_dim_order=True),
+    ).exported_program()
+    assert any(getattr(n.target, "_op", None) is linear for n in edge.graph.nodes)  # kept
+    edge.validate()
+    encoded, decoded = _roundtrip(edge)
+    want = edge.verifiers[0]()
+    # (exir's verifier lists the operator once per verifier it built along the way: kept as is)
+    assert set(encoded.message.edge_verifier.preserve_ops) == {"aten::linear.default"}
+    assert list(encoded.message.edge_verifier.preserve_ops) == [
+        codec.op_name(op) for op in want._preserve_ops]
+    assert not encoded.message.edge_verifier.use_dim_order
+    assert encoded.message.edge_verifier.check_ir_validity
+    decoded.validate()  # the default Edge verifier refuses aten.linear here
+    got = decoded.verifiers[0]()
+    assert (got.enable, got.use_dim_order, got._preserve_ops,
+            got._core_aten_ops_exception_list) == (
+        want.enable, want.use_dim_order, want._preserve_ops,
+        want._core_aten_ops_exception_list)
+
+    # Without the field, exir's deserializer takes the Edge verifier class the process built
+    # last (torch registers verifier classes by dialect): process history, not the program.
+    # With a default one last, that verifier refuses the operator the program keeps.
+    from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
+
+    blobs = {h: bytes(b) for h, b in encoded.blobs.items()}
+    message = copy.deepcopy(encoded.message)
+    message.ClearField("edge_verifier")
+    EXIREdgeDialectVerifier(class_only=True)
+    default = codec.decode_program(message, lambda d: blobs[d.hash])
+    assert not default.verifiers[0]()._preserve_ops
+    with pytest.raises(Exception, match=r"aten\.linear"):
+        default.validate()
+    # With it, the same history does not matter.
+    EXIREdgeDialectVerifier(class_only=True)
+    codec.decode_program(encoded.message, lambda d: blobs[d.hash]).validate()
+
+    for bad in ("builtins::eval.default", "aten::no_such_op.default", "os.system"):
+        message = copy.deepcopy(encoded.message)
+        message.edge_verifier.preserve_ops[0] = bad
+        with pytest.raises(codec.ProgramDecodeError, match="Edge verifier"):
+            codec.decode_program(message, lambda d: blobs[d.hash])
+
+    aten = codec.encode_program(programs()["aten"])
+    assert not aten.message.HasField("edge_verifier")
+    message = copy.deepcopy(aten.message)
+    message.edge_verifier.check_ir_validity = True
+    aten_blobs = {h: bytes(b) for h, b in aten.blobs.items()}
+    with pytest.raises(codec.ProgramDecodeError, match="cannot carry an Edge verifier"):
+        codec.decode_program(message, lambda d: aten_blobs[d.hash])

@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 from remote_partitioner.proto.codec.deserializers import deserialize_aten, deserialize_edge
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
 from remote_partitioner.proto.codec.repair import repair, restore_metadata, restore_symbol_hints
+from remote_partitioner.proto.codec.verifiers import edge_verifier_class
 from remote_partitioner.proto.program_errors import (
     BlobSizeMismatch,
     CodecError,
@@ -282,6 +283,10 @@ class Decoder:
         if problem is not None:
             raise FingerprintMismatch(f"the program rebuilt on the server differs: {problem}")
         restore_metadata(ep, msg)
+        if msg.HasField("edge_verifier"):
+            if msg.dialect != pb.DIALECT_EDGE:
+                raise ProgramDecodeError("an ATen program cannot carry an Edge verifier")
+            ep._verifiers = [edge_verifier_class(msg.edge_verifier)]
         return ep
 
 

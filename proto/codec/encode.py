@@ -29,6 +29,7 @@ from remote_partitioner.proto.codec.serializers import (
     serialize_aten,
     serialize_edge,
 )
+from remote_partitioner.proto.codec.verifiers import edge_verifier_message
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.program_errors import ProgramEncodeError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
@@ -334,6 +335,10 @@ class Encoder:
         msg.lowered_modules.extend(lowered)
         msg.fingerprint.extend(fingerprint(ep))
         msg.node_metadata.extend(_node_metadata(ep, dialect, self))
+        if dialect == pb.DIALECT_EDGE:
+            verifier = edge_verifier_message(ep)
+            if verifier is not None:
+                msg.edge_verifier.CopyFrom(verifier)
         return msg
 
 

@@ -223,7 +223,7 @@ class NodeMetadata(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeRef, _Mapping]] = ..., entries: _Optional[_Mapping[str, str]] = ..., has_tensor_meta: _Optional[bool] = ..., tensor_meta_requires_grad: _Optional[bool] = ..., no_val: _Optional[bool] = ..., tensor_meta_is_none: _Optional[bool] = ..., tensor_meta_none_items: _Optional[_Iterable[bool]] = ..., val_is_list: _Optional[bool] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("dialect", "graph", "state_dict", "constants", "module_tensors", "lowered_modules", "fingerprint", "node_metadata")
+    __slots__ = ("dialect", "graph", "state_dict", "constants", "module_tensors", "lowered_modules", "fingerprint", "node_metadata", "edge_verifier")
     DIALECT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     STATE_DICT_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,7 @@ class Program(_message.Message):
     LOWERED_MODULES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NODE_METADATA_FIELD_NUMBER: _ClassVar[int]
+    EDGE_VERIFIER_FIELD_NUMBER: _ClassVar[int]
     dialect: Dialect
     graph: Digest
     state_dict: _containers.RepeatedCompositeFieldContainer[TensorRef]
@@ -240,7 +241,20 @@ class Program(_message.Message):
     lowered_modules: _containers.RepeatedCompositeFieldContainer[LoweredModule]
     fingerprint: _containers.RepeatedCompositeFieldContainer[NodeFingerprint]
     node_metadata: _containers.RepeatedCompositeFieldContainer[NodeMetadata]
-    def __init__(self, dialect: _Optional[_Union[Dialect, str]] = ..., graph: _Optional[_Union[Digest, _Mapping]] = ..., state_dict: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., module_tensors: _Optional[_Iterable[_Union[ModuleTensor, _Mapping]]] = ..., lowered_modules: _Optional[_Iterable[_Union[LoweredModule, _Mapping]]] = ..., fingerprint: _Optional[_Iterable[_Union[NodeFingerprint, _Mapping]]] = ..., node_metadata: _Optional[_Iterable[_Union[NodeMetadata, _Mapping]]] = ...) -> None: ...
+    edge_verifier: EdgeVerifier
+    def __init__(self, dialect: _Optional[_Union[Dialect, str]] = ..., graph: _Optional[_Union[Digest, _Mapping]] = ..., state_dict: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., module_tensors: _Optional[_Iterable[_Union[ModuleTensor, _Mapping]]] = ..., lowered_modules: _Optional[_Iterable[_Union[LoweredModule, _Mapping]]] = ..., fingerprint: _Optional[_Iterable[_Union[NodeFingerprint, _Mapping]]] = ..., node_metadata: _Optional[_Iterable[_Union[NodeMetadata, _Mapping]]] = ..., edge_verifier: _Optional[_Union[EdgeVerifier, _Mapping]] = ...) -> None: ...
+
+class EdgeVerifier(_message.Message):
+    __slots__ = ("check_ir_validity", "use_dim_order", "core_aten_ops_exception_list", "preserve_ops")
+    CHECK_IR_VALIDITY_FIELD_NUMBER: _ClassVar[int]
+    USE_DIM_ORDER_FIELD_NUMBER: _ClassVar[int]
+    CORE_ATEN_OPS_EXCEPTION_LIST_FIELD_NUMBER: _ClassVar[int]
+    PRESERVE_OPS_FIELD_NUMBER: _ClassVar[int]
+    check_ir_validity: bool
+    use_dim_order: bool
+    core_aten_ops_exception_list: _containers.RepeatedScalarFieldContainer[str]
+    preserve_ops: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, check_ir_validity: _Optional[bool] = ..., use_dim_order: _Optional[bool] = ..., core_aten_ops_exception_list: _Optional[_Iterable[str]] = ..., preserve_ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeRef(_message.Message):
     __slots__ = ("graph", "name")
