@@ -7,7 +7,8 @@ with the main one for a client that has no Arm packages at all.
 MODE ``local`` quantizes with ExecuTorch's Arm quantizer and lowers with its partitioners, as
 ExecuTorch's Arm test flows build them; ``remote`` first blocks every Arm and TOSA module (a
 client without the toolchain), then quantizes with ``RemoteQuantizer`` and lowers with
-``RemotePartitioner(remote_preprocess=True)`` against TARGET. Each job is ``{"name": hosted
+``RemotePartitioner(remote_preprocess=True)`` against TARGET; ``remote-lowering`` quantizes
+as ``local`` does (the client has the Arm quantizer) and lowers as ``remote`` does. Each job is ``{"name": hosted
 name, "spec": spec, "quantize": bool, "model": "conv"|"linear", "out": path}``; the generator
 is seeded the same way before each job in both modes. The last stdout line is JSON: the Arm
 modules this process loaded, and the generator's state digest after each job.
@@ -99,12 +100,13 @@ def main() -> None:
     for job in jobs:
         torch.manual_seed(0)
         model, inputs = _model(job["model"])
-        if mode == "local":
+        if mode in ("local", "remote-lowering"):
             quantizer, partitioner = _local_objects(job["name"], job["spec"])
-        else:
+        if mode in ("remote", "remote-lowering"):
             from remote_partitioner.client import RemotePartitioner, RemoteQuantizer
 
-            quantizer = RemoteQuantizer(target, job["name"], job["spec"], timeout=600)
+            if mode == "remote":
+                quantizer = RemoteQuantizer(target, job["name"], job["spec"], timeout=600)
             partitioner = RemotePartitioner(
                 target, job["name"], job["spec"], remote_preprocess=True, timeout=600
             )

@@ -501,3 +501,24 @@ def test_edge_verifier_configuration_crosses() -> None:
     aten_blobs = {h: bytes(b) for h, b in aten.blobs.items()}
     with pytest.raises(codec.ProgramDecodeError, match="cannot carry an Edge verifier"):
         codec.decode_program(message, lambda d: aten_blobs[d.hash])
+
+
+@pytest.mark.parametrize("kind", ["aten", "edge"])
+def test_custom_node_metadata_crosses(kind: str) -> None:
+    """``node.meta["custom"]`` (JSON data a backend keeps through export: Arm's quantizer marks
+    quantized nodes there and Arm's partitioner reads the mark) crosses for every node, Edge
+    programs included (exir's serializer drops it; torch's keeps it)."""
+    ep = programs()[kind]
+    marked = {}
+    for i, node in enumerate(ep.graph.nodes):
+        if node.op in ("placeholder", "call_function"):
+            node.meta["custom"] = {"_arm_annotation_info": {"quantized": i % 2 == 0}, "n": i}
+            marked[node.name] = node.meta["custom"]
+    try:
+        _, decoded = _roundtrip(ep)
+    finally:
+        for node in ep.graph.nodes:
+            node.meta.pop("custom", None)
+    got = {n.name: n.meta.get("custom") for n in decoded.graph.nodes if n.name in marked}
+    assert got == marked
+    assert any(n.op == "call_function" for n in ep.graph.nodes if n.name in marked)

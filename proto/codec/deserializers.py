@@ -18,7 +18,11 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto.codec.pytree_names import return_type_names
-from remote_partitioner.proto.codec.serializers import GET_ATTR_MARKER, LOWERED_MARKER
+from remote_partitioner.proto.codec.serializers import (
+    GET_ATTR_MARKER,
+    LOWERED_MARKER,
+    edge_metadata_deserializer_class,
+)
 from remote_partitioner.proto.codec.shared_patch import SharedPatch
 from remote_partitioner.proto.graph_check import checked_graph_json
 from remote_partitioner.proto.program_errors import ProgramDecodeError
@@ -146,8 +150,9 @@ def deserialize_edge(
     from executorch.exir.serde import export_serialize, schema
     from executorch.exir.serde import serialize as eser
 
-    class Deserializer(eser.GraphModuleDeserializer):  # type: ignore[misc,valid-type]
-        """exir's deserializer, with lowered modules and get_attr tensors read by reference."""
+    class Deserializer(edge_metadata_deserializer_class()):  # type: ignore[misc]
+        """exir's deserializer, with lowered modules and get_attr tensors read by reference,
+        and ``custom`` metadata."""
 
         def _module_path(self) -> str:
             # Submodule graphs are deserialized into fresh modules; their path is tracked

@@ -25,6 +25,7 @@ from remote_partitioner.proto.codec.fingerprint import fingerprint
 from remote_partitioner.proto.codec.graphs import graph_modules
 from remote_partitioner.proto.codec.serializers import (
     REWRITTEN_KEYS,
+    edge_metadata_serializer_class,
     fast_unions,
     serialize_aten,
     serialize_edge,
@@ -345,9 +346,7 @@ class Encoder:
 def _metadata_serializer(ep: ExportedProgram, dialect: pb.Dialect) -> Any:
     """The serializer whose ``serialize_metadata`` writes ``ep``'s node metadata."""
     if dialect == pb.DIALECT_EDGE:
-        from executorch.exir.serde import serialize as eser
-
-        return eser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)
+        return edge_metadata_serializer_class()(ep.graph_signature, ep.module_call_graph)
     from torch._export.serde import serialize as tser
 
     return tser.GraphModuleSerializer(ep.graph_signature, ep.module_call_graph)

@@ -170,9 +170,9 @@ def restore_metadata(ep: ExportedProgram, msg: pb.Program) -> None:
     if not msg.node_metadata:
         return
     if msg.dialect == pb.DIALECT_EDGE:
-        from executorch.exir.serde import serialize as eser
+        from remote_partitioner.proto.codec.serializers import edge_metadata_deserializer_class
 
-        deserializer: Any = eser.GraphModuleDeserializer()
+        deserializer: Any = edge_metadata_deserializer_class()()
     else:
         from torch._export.serde import serialize as tser
 

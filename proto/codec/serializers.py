@@ -262,13 +262,55 @@ def serialize_aten(ep: ExportedProgram, encoder: Encoder) -> bytes:
         raise ProgramEncodeError(f"torch's serializer failed: {type(e).__name__}: {e}") from e
 
 
+def edge_metadata_serializer_class() -> type:
+    """exir's ``GraphModuleSerializer`` that also writes ``node.meta["custom"]``, as torch's
+    own serializer does (``json.dumps``); exir's copy of torch's serializer drops it.
+
+    Backends keep their own facts there through export: Arm's quantizer marks each quantized
+    node (``custom["_arm_annotation_info"]``) and Arm's partitioner reads the mark, so without
+    it a quantized program is partitioned as a float one on the server.
+    """
+    from executorch.exir.serde import serialize as eser
+
+    class MetadataSerializer(eser.GraphModuleSerializer):  # type: ignore[misc,valid-type]
+        def serialize_metadata(self, node: torch.fx.Node) -> dict[str, str]:
+            meta: dict[str, str] = super().serialize_metadata(node)
+            custom = node.meta.get("custom")
+            if custom:
+                try:
+                    meta["custom"] = json.dumps(custom)
+                except (TypeError, ValueError) as e:
+                    raise ProgramEncodeError(
+                        f"node {node.name!r}: meta 'custom' is not JSON data: {e}"
+                    ) from e
+            return meta
+
+    return MetadataSerializer
+
+
+def edge_metadata_deserializer_class() -> type:
+    """exir's ``GraphModuleDeserializer`` that also reads ``custom`` (``json.loads``: data
+    only), the counterpart of :func:`edge_metadata_serializer_class`."""
+    from executorch.exir.serde import serialize as eser
+
+    class MetadataDeserializer(eser.GraphModuleDeserializer):  # type: ignore[misc,valid-type]
+        def deserialize_metadata(self, metadata: dict[str, str]) -> dict[str, Any]:
+            res: dict[str, Any] = super().deserialize_metadata(metadata)
+            custom = metadata.get("custom")
+            if custom:
+                res["custom"] = json.loads(custom)
+            return res
+
+    return MetadataDeserializer
+
+
 def _edge_serializer_class() -> type:
     from executorch.exir.lowered_backend_module import LoweredBackendModule
     from executorch.exir.serde import export_serialize, schema
-    from executorch.exir.serde import serialize as eser
 
-    class Serializer(eser.GraphModuleSerializer):  # type: ignore[misc,valid-type]
-        """exir's serializer, with lowered modules and get_attr tensors sent by reference."""
+    class Serializer(edge_metadata_serializer_class()):  # type: ignore[misc]
+        """exir's serializer, with lowered modules and get_attr tensors sent by reference,
+        and ``custom`` metadata."""
 
         encoder: Encoder
         lowered: list[pb.LoweredModule]
