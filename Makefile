@@ -80,8 +80,11 @@ lint: venv
 		-m remote_partitioner.proto.digests -m remote_partitioner.proto.program_errors \
 		-m remote_partitioner.proto.transport
 
-test: venv node-client check-proto lint
-	$(BIN)/python -m pytest -q -ra -m "not conformance and not image" --durations=15 $(PYTEST_ARGS) tests
+# The Arm environment too: tests/test_arm.py lowers through a server running in it.
+test: venv venv-arm node-client check-proto lint
+	ARM_PYTHON=$(abspath $(VENV_ARM))/bin/python \
+		$(BIN)/python -m pytest -q -ra -m "not conformance and not image" --durations=15 \
+		$(PYTEST_ARGS) tests
 
 # The quick loop: everything but the tests marked `slow` (soaks, fleets of server processes,
 # the large example models). Still byte-identical lowerings of real models, every error path

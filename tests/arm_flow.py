@@ -8,10 +8,11 @@ MODE ``local`` quantizes with ExecuTorch's Arm quantizer and lowers with its par
 ExecuTorch's Arm test flows build them; ``remote`` first blocks every Arm and TOSA module (a
 client without the toolchain), then quantizes with ``RemoteQuantizer`` and lowers with
 ``RemotePartitioner(remote_preprocess=True)`` against TARGET; ``remote-lowering`` quantizes
-as ``local`` does (the client has the Arm quantizer) and lowers as ``remote`` does. Each job is ``{"name": hosted
-name, "spec": spec, "quantize": bool, "model": "conv"|"linear", "out": path}``; the generator
-is seeded the same way before each job in both modes. The last stdout line is JSON: the Arm
-modules this process loaded, and the generator's state digest after each job.
+as ``local`` does (the client has the Arm quantizer) and lowers as ``remote`` does. Each job
+is ``{"name": hosted name, "spec": spec, "quantize": bool, "model": "conv"|"linear", "out":
+path}``; the generator is seeded the same way before each job in every mode. The last stdout
+line is JSON: the Arm modules this process loaded, and the generator's state digest after each
+job.
 """
 
 from __future__ import annotations

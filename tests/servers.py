@@ -139,13 +139,16 @@ class Launched:
             self._log_file.close()
 
 
-def launch(log: Path, *args: str, env: Mapping[str, str] | None = None) -> Launched:
+def launch(
+    log: Path, *args: str, env: Mapping[str, str] | None = None, python: str = sys.executable,
+) -> Launched:
     """Start ``remote-partitioner serve --address 127.0.0.1:0 ARGS`` without waiting for it;
-    its stderr goes to the file ``log``; ``env`` adds to this process's environment."""
+    its stderr goes to the file ``log``; ``env`` adds to this process's environment; ``python``
+    is the interpreter of the environment it runs in (this one by default)."""
     log_file = log.open("w")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "remote_partitioner.cli", "serve",
+            [python, "-m", "remote_partitioner.cli", "serve",
              "--address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=log_file, text=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
@@ -174,8 +177,9 @@ def served(
 @contextlib.contextmanager
 def serve_process(
     log: Path, *args: str, env: Mapping[str, str] | None = None, pattern: str = SERVING_LINE,
+    python: str = sys.executable,
 ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     """:func:`launch` then :func:`served`: ``remote-partitioner serve ARGS`` on a free port
     of 127.0.0.1, SERVING; yields (process, target, log) and stops it on exit."""
-    with served(launch(log, *args, env=env), pattern) as s:
+    with served(launch(log, *args, env=env, python=python), pattern) as s:
         yield s
