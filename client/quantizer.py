@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class _Answer:
@@ -78,8 +81,12 @@ class RemoteQuantizer(Quantizer, ServerConnection):
       withheld unless a step reads them), which runs the hosted quantizer's
       ``transform_for_annotation``, ``annotate`` and ``validate`` on a copy rebuilt there; it
       applies the transform's edits to ``model`` in place (new constant buffers, ``get_attr``
-      nodes, changed arguments), checks the result's fingerprint against the server's, and
-      returns ``model``.
+      nodes, changed arguments, plain-data node metadata), checks the result's fingerprint
+      against the server's, and returns ``model``. A transform that changes more than edits
+      state (Arm's pass pipeline decomposes operators) comes back as its whole module, which
+      is returned instead, as the local transform's module would be: its node metadata is
+      what the program codec carries (no ``seq_nr``, ``from_node``), and a guards function
+      the module had is an inert one.
     * ``annotate(model)`` applies what ``annotate`` did: dead code it eliminated, and every
       node's ``quantization_annotation``, rebuilt with the same sharing of spec objects and
       with observer and fake-quantize constructors resolved by name from an allow-list of
@@ -200,21 +207,27 @@ class RemoteQuantizer(Quantizer, ServerConnection):
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         _refuse_annotated(model)
+        if self.info.loads_quantized_kernels:
+            _load_quantized_kernels()
         before = torch.get_rng_state()
-        response, after, table_fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ALL)
+        response, after, table_fingerprint, sent = self._quantize(model, pb.QUANTIZE_STEPS_ALL)
         if response.raised_step == pb.QUANTIZE_STEP_TRANSFORM:
             torch.set_rng_state(after)
             exc = _raised(response)
             raise exc from exc.__cause__
-        self._apply_edits(model, response.transform_edits, table_fingerprint)
+        if response.HasField("transform_module"):
+            model = self._replaced(model, response.transform_module, sent)
+            fingerprint = response.transform_module.unlift.fingerprint
+        else:
+            self._apply_edits(model, response.transform_edits, table_fingerprint)
+            fingerprint = response.transform_edits.fingerprint
         # The generator as the transform left it; the annotate step's state is set there.
         if response.transform_rng_state:
             set_rng_state(response.transform_rng_state)
         else:
             torch.set_rng_state(before)
         self._pending[model] = _Answer(
-            response.transform_edits.fingerprint, response, after, torch.get_rng_state(),
-            _tensor_versions(model),
+            fingerprint, response, after, torch.get_rng_state(), _tensor_versions(model),
         )
         return model
 
@@ -224,7 +237,7 @@ class RemoteQuantizer(Quantizer, ServerConnection):
         if answer is None or not answer.holds_for(model):
             # annotate() on its own, or the module or generator changed since the transform
             # (a draw in between, another quantizer's transform): ask for this step now.
-            response, after, fingerprint = self._quantize(model, pb.QUANTIZE_STEPS_ANNOTATE)
+            response, after, fingerprint, _ = self._quantize(model, pb.QUANTIZE_STEPS_ANNOTATE)
             answer = _Answer(fingerprint, response, after)
         response = answer.response
         torch.set_rng_state(answer.rng_state)
@@ -253,10 +266,10 @@ class RemoteQuantizer(Quantizer, ServerConnection):
 
     def _quantize(
         self, model: torch.fx.GraphModule, steps: pb.QuantizeSteps
-    ) -> tuple[pb.QuantizeResponse, torch.Tensor, str]:
+    ) -> tuple[pb.QuantizeResponse, torch.Tensor, str, codec.EncodedProgram]:
         """Send ``model`` and run ``steps`` on the server; the answer, the generator state
-        after the last step that ran (the process's generator is left there) and the module's
-        fingerprint as sent."""
+        after the last step that ran (the process's generator is left there), the module's
+        fingerprint as sent, and the program sent."""
         self.info  # noqa: B018 - an unknown name is refused before anything is encoded
         try:
             ep, table = codec.lift_module(model)
@@ -272,8 +285,37 @@ class RemoteQuantizer(Quantizer, ServerConnection):
                 quantizer=ref, program_digest=digest, unlift=table, steps=steps
             )
 
-        response, _ = self._call_hook("Quantize", make, ep)
-        return response, torch.get_rng_state(), table.fingerprint
+        response, sent = self._call_hook("Quantize", make, ep)
+        return response, torch.get_rng_state(), table.fingerprint, sent
+
+    def _replaced(
+        self, model: torch.fx.GraphModule, replaced: pb.ReplacedModule,
+        sent: codec.EncodedProgram,
+    ) -> torch.fx.GraphModule:
+        """The module a transform of ``model`` returned whole, rebuilt here: blobs this process
+        sent are taken from what it sent, the others read from the server; its guards call
+        calls ``model``'s own guards function (the server's is an inert stand-in)."""
+
+        def blob(d: pb.Digest) -> bytes | memoryview:
+            local = sent.blobs.get(d.hash)
+            return local if local is not None else self._read_blob(d)
+
+        try:
+            guards = model._modules.get(codec.GUARDS_NAME)
+            return codec.unlift_program(
+                codec.decode_program(replaced.program, blob), replaced.unlift,
+                guards_module=guards,
+            )
+        except codec.FingerprintMismatch as e:
+            raise FingerprintMismatchError(
+                f"the module the server's transform returned is rebuilt differently here: {e}",
+                grpc.StatusCode.FAILED_PRECONDITION, errors.Reason.FINGERPRINT_MISMATCH.value,
+            ) from e
+        except codec.CodecError as e:
+            raise RemotePartitionerError(
+                f"the module the server's transform returned cannot be rebuilt: {e}",
+                grpc.StatusCode.INTERNAL, errors.Reason.UNREPRESENTABLE_RESULT.value,
+            ) from e
 
     def _apply_edits(
         self, model: torch.fx.GraphModule, edits: pb.GraphEdits, expected: str
@@ -287,6 +329,17 @@ class RemoteQuantizer(Quantizer, ServerConnection):
                 f"the server's edits give another module here: {e}",
                 grpc.StatusCode.FAILED_PRECONDITION, errors.Reason.FINGERPRINT_MISMATCH.value,
             ) from e
+
+
+def _load_quantized_kernels() -> None:
+    """Load ExecuTorch's quantized operators' out variants, as the hosted quantizer's own
+    package does on import (Arm's): ``to_executorch`` needs them for quantize/dequantize nodes
+    left outside the delegates. Without ExecuTorch's kernels (a client that only quantizes),
+    nothing is loaded, as Arm's package then logs and goes on."""
+    try:
+        importlib.import_module("executorch.kernels.quantized")
+    except ImportError:
+        logger.info("executorch.kernels.quantized is not available; not loaded")
 
 
 def _refuse_annotated(model: torch.fx.GraphModule) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -197,11 +197,13 @@ def check_deadline(time_remaining: TimeRemaining) -> None:
 
 
 def _response_digests(response: Message) -> Iterator[pb.Digest]:
-    """The blobs a hook response names (a transformed program's)."""
+    """The blobs a hook response names (a transformed program's, a replaced module's)."""
     if isinstance(response, pb.TransformForPreDecompositionResponse) and response.HasField(
         "program"
     ):
         yield from codec.iter_digests(response.program)
+    if isinstance(response, pb.QuantizeResponse) and response.HasField("transform_module"):
+        yield from codec.iter_digests(response.transform_module.program)
 
 
 def _preprocess_digests(response: pb.PreprocessResponse) -> Iterator[pb.Digest]:
@@ -284,6 +286,7 @@ class PartitionerInstance:
                 class_name=f"{q.quantizer_class.__module__}.{q.quantizer_class.__qualname__}",
                 backend_id=q.backend_id,
                 description=q.description,
+                loads_quantized_kernels=q.loads_quantized_kernels,
             )
             _list_spec_keys(qinfo.spec_keys, q.spec_keys.values())
         return response
@@ -345,6 +348,12 @@ class PartitionerInstance:
             "OpsToNotDecompose", request, time_remaining, hooks.ops_to_not_decompose
         )
 
+    def store_blobs(self, blobs: Mapping[str, Any]) -> None:
+        """Keep blobs a response names (hash -> bytes-like), for the client to read back."""
+        for h, data in blobs.items():
+            raw = bytes(data)
+            self.blobs.put(h, len(raw), raw, hashed=True)
+
     def transform_for_pre_decomposition(
         self, request: pb.TransformForPreDecompositionRequest, time_remaining: TimeRemaining
     ) -> pb.TransformForPreDecompositionResponse:
@@ -364,9 +373,7 @@ class PartitionerInstance:
                     "with their data"
                 )
             encoded = codec.encode_program(out)
-            for h, data in encoded.blobs.items():
-                raw = bytes(data)
-                self.blobs.put(h, len(raw), raw, hashed=True)
+            self.store_blobs(encoded.blobs)
             return pb.TransformForPreDecompositionResponse(program=encoded.message)
 
         return self._hook("TransformForPreDecomposition", request, time_remaining, transform)
@@ -540,8 +547,7 @@ class PartitionerInstance:
                         out, blobs = codec.encode_preprocess_result(result)
                     except (codec.UnrepresentableMeta, TypeError) as e:
                         raise ServiceError(Reason.UNREPRESENTABLE_RESULT, str(e)) from e
-                    for h, raw in blobs.items():
-                        self.blobs.put(h, len(raw), raw, hashed=True)
+                    self.store_blobs(blobs)
                     entry.results.append(out)
             if after:
                 response.rng_state = after[0]
@@ -560,7 +566,7 @@ class PartitionerInstance:
         return self.run_on_program(
             "Quantize", request, time_remaining,
             lambda: quantize_call.build_quantizer(self, request.quantizer),
-            lambda quantizer, ep: quantize_call.run(quantizer, ep, request),
+            lambda quantizer, ep: quantize_call.run(quantizer, ep, request, self.store_blobs),
         )
 
     # ------------------------------------------------------------------ whole lowering

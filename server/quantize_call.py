@@ -11,15 +11,16 @@ step changed in the graph (:class:`codec.ModuleSnapshot`), the annotations ``ann
 (:func:`codec.encode_annotations`: observers as allow-listed names), the generator state after
 the transform (the one after the last step is the hook convention's ``rng_state``), and the
 exception a step raised, with the step: the client raises it where the local quantizer would
-have. A change the edits cannot state, or an observer outside the allow-list, is
-``UNREPRESENTABLE_RESULT`` (raised here as :class:`codec.UnrepresentableMeta`), never a silent
-difference.
+have. A transform whose changes the edits cannot state is answered with its whole module
+(``transform_module``); anything else that cannot be stated (an annotate step's, an observer
+outside the allow-list) is ``UNREPRESENTABLE_RESULT`` (raised here as
+:class:`codec.UnrepresentableMeta`), never a silent difference.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -28,7 +29,7 @@ from torch.export import ExportedProgram
 from remote_partitioner.proto import codec
 from remote_partitioner.proto.errors import EXPECTED_TYPE, SPEC_KEY, Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server import hooks
+from remote_partitioner.server import hooks, value_reads
 from remote_partitioner.server.instance import (
     PartitionerInstance,
     partitioner_raised,
@@ -63,9 +64,20 @@ def build_quantizer(instance: PartitionerInstance, ref: pb.QuantizerRef) -> Any:
         raise partitioner_raised(hooks.remote_exception(e), "the hosted quantizer") from e
 
 
-def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.QuantizeResponse:
+def run(
+    quantizer: Any,
+    ep: ExportedProgram,
+    request: pb.QuantizeRequest,
+    store_blobs: Callable[[Mapping[str, Any]], None],
+) -> pb.QuantizeResponse:
     """Rebuild the client's module from ``ep`` and ``request.unlift``, run ``quantizer``'s steps
     (``request.steps``) on it, and return their edits, annotations and generator states.
+
+    A transform whose changes the edits cannot state (Arm's pass pipeline) is answered with the
+    module it returned, whole (``transform_module``: lifted as the client lifts its own, its
+    tensors' blobs given to ``store_blobs`` for the client to read); on a module whose tensors
+    the client withheld that is ``TENSOR_DATA_REQUIRED`` first, since the module goes back with
+    its tensors' data.
 
     A step that raises ends the run: the response names the step and carries the exception
     (``raised_step``, ``raised``), with the edits of the steps before it.
@@ -102,7 +114,15 @@ def run(quantizer: Any, ep: ExportedProgram, request: pb.QuantizeRequest) -> pb.
                 )
         except Exception as e:
             return _raised(response, pb.QUANTIZE_STEP_TRANSFORM, e)
-        response.transform_edits.CopyFrom(_stated(snapshot.edits, out))
+        try:
+            response.transform_edits.CopyFrom(_stated(snapshot.edits, out))
+        except codec.UnrepresentableMeta as e:
+            if value_reads.is_watching():
+                raise value_reads.TensorDataRequired(
+                    "the transform's module goes back whole, with its tensors' data"
+                ) from None
+            response.ClearField("transform_edits")
+            response.transform_module.CopyFrom(_stated(_replaced(store_blobs, str(e)), out))
         if request.rng_state:  # the caller's generator, never the server's own
             response.transform_rng_state = torch.get_rng_state().numpy().tobytes()
         gm = out
@@ -133,6 +153,22 @@ def _stated(state: Callable[[torch.fx.GraphModule], _M], gm: torch.fx.GraphModul
         raise codec.UnrepresentableMeta(
             f"the quantizer's result cannot be stated: {type(e).__name__}: {e}"
         ) from e
+
+
+def _replaced(
+    store_blobs: Callable[[Mapping[str, Any]], None], why: str
+) -> Callable[[torch.fx.GraphModule], pb.ReplacedModule]:
+    """States a transformed module whole (see :func:`run`); ``why``: what the edits could not
+    state, logged at DEBUG."""
+
+    def replaced(gm: torch.fx.GraphModule) -> pb.ReplacedModule:
+        logger.debug("transform_for_annotation answered with its module: %s", why)
+        lifted, table = codec.lift_module(gm)
+        encoded = codec.encode_program(lifted)
+        store_blobs(encoded.blobs)
+        return pb.ReplacedModule(program=encoded.message, unlift=table)
+
+    return replaced
 
 
 def _raised(

@@ -89,6 +89,9 @@ class HostedQuantizer:
             configuration.
         quantizer_class: The torchao ``Quantizer`` subclass the factory builds.
         description: One line for humans.
+        loads_quantized_kernels: Importing the backend's quantizer package loads ExecuTorch's
+            quantized operators' out variants (``executorch.kernels.quantized``): the client
+            loads them too (``QuantizerInfo.loads_quantized_kernels``).
     """
 
     name: str
@@ -97,6 +100,7 @@ class HostedQuantizer:
     factory: Callable[[Mapping[str, SpecValue]], Quantizer]
     quantizer_class: type
     description: str = ""
+    loads_quantized_kernels: bool = False
 
     def __post_init__(self) -> None:
         from torchao.quantization.pt2e.quantizer import Quantizer

@@ -5,13 +5,15 @@ environment), against local lowering in that environment.
 Each lowering runs in a fresh process (``tests/arm_flow.py``), as a user's script would:
 
 * a client in the Arm environment with every Arm, TOSA and Vela module blocked from importing
-  (the client without the toolchain) lowers float programs through the server, partitioner and
-  preprocess both, and gets the local ``.pte`` bytes;
+  (the client without the toolchain) quantizes with ``RemoteQuantizer`` (Arm's quantizer on
+  the server) and lowers with ``RemotePartitioner(remote_preprocess=True)`` (partitioner,
+  TOSA serialization and Vela on the server), and gets the local ``.pte`` bytes and generator
+  state, for TOSA FP, TOSA INT, Ethos-U55 and Ethos-U85;
 * a client in the main environment (no Arm package installed at all, a newer flatbuffers) gets
   the same program: equal after ExecuTorch's own deserializer reads both files (the flatbuffers
   envelope is written by the client's flatbuffers, as any local lowering there would write it);
-* a client that quantizes with Arm's own quantizer lowers TOSA INT, Ethos-U55 and Ethos-U85
-  programs through the server (Vela runs there) and gets the local bytes;
+* the bias ``derive_qparams_fn`` the client runs in place of Arm's (it cannot import Arm's)
+  computes Arm's bits;
 * what Vela prints (its network summary) stays out of the server's stdout and, at the default
   log level, out of its stderr.
 
@@ -92,34 +94,9 @@ def _jobs(tmp_path: Path, tag: str, cases: list[tuple[str, str, dict[str, Any], 
     ]
 
 
-FLOAT = [("arm_tosa", "conv", {}, False), ("arm_tosa", "linear", {}, False)]
-
-
-def test_float_lowering_without_the_arm_toolchain(
-    arm_python: str, arm_server: Any, tmp_path: Path
-) -> None:
-    target = arm_server[0]
-    local = _jobs(tmp_path, "local", FLOAT)
-    remote = _jobs(tmp_path, "remote", FLOAT)
-    want = _flow(arm_python, "local", local)
-    got = _flow(arm_python, "remote", remote, target)
-    assert got["arm_modules_loaded"] == []  # the client imported nothing of Arm's
-    assert want["arm_modules_loaded"]  # (and the local one did: the block is what differs)
-    for a, b in zip(local, remote, strict=True):
-        assert Path(a["out"]).read_bytes() == Path(b["out"]).read_bytes(), a["model"]
-    assert got["rng_after"] == want["rng_after"]
-
-    # A client in the main environment, which has no Arm package at all.
-    main = _jobs(tmp_path, "main", FLOAT)
-    assert _flow(sys.executable, "remote", main, target)["arm_modules_loaded"] == []
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    for a, b in zip(local, main, strict=True):
-        local_bytes, main_bytes = Path(a["out"]).read_bytes(), Path(b["out"]).read_bytes()
-        assert deserialize_pte_binary(local_bytes) == deserialize_pte_binary(main_bytes)
-
-
-QUANTIZED = [
+CASES = [
+    ("arm_tosa", "conv", {}, False),
+    ("arm_tosa", "linear", {}, False),
     ("arm_tosa", "conv", INT, True),
     ("arm_tosa", "linear", INT, True),
     ("ethos_u55", "conv", U55, True),
@@ -129,14 +106,16 @@ QUANTIZED = [
 ]
 
 
-def test_quantized_programs_lower_on_the_server(
+def test_a_client_without_the_arm_toolchain_gets_the_local_pte(
     arm_python: str, arm_server: Any, tmp_path: Path
 ) -> None:
     target, launched, log = arm_server
-    local = _jobs(tmp_path, "local", QUANTIZED)
-    remote = _jobs(tmp_path, "remote", QUANTIZED)
+    local = _jobs(tmp_path, "local", CASES)
+    remote = _jobs(tmp_path, "remote", CASES)
     want = _flow(arm_python, "local", local)
-    got = _flow(arm_python, "remote-lowering", remote, target)
+    got = _flow(arm_python, "remote", remote, target)
+    assert got["arm_modules_loaded"] == []  # the client imported nothing of Arm's
+    assert want["arm_modules_loaded"]  # (and the local one did: the block is what differs)
     for a, b in zip(local, remote, strict=True):
         assert Path(a["out"]).read_bytes() == Path(b["out"]).read_bytes(), (a["name"], a["model"])
     assert got["rng_after"] == want["rng_after"]
@@ -154,3 +133,66 @@ def test_quantized_programs_lower_on_the_server(
             printed.append(line)
     assert printed == []
     assert "Network summary" not in log.read_text(errors="replace")
+
+
+def test_a_client_with_no_arm_package_gets_the_same_program(
+    arm_python: str, arm_server: Any, tmp_path: Path
+) -> None:
+    cases = [CASES[0], CASES[4], CASES[7]]  # TOSA FP, Ethos-U55, Ethos-U85
+    local = _jobs(tmp_path, "local", cases)
+    main = _jobs(tmp_path, "main", cases)
+    want = _flow(arm_python, "local", local)
+    got = _flow(sys.executable, "remote", main, arm_server[0])
+    assert got["arm_modules_loaded"] == []
+    assert got["rng_after"] == want["rng_after"]
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    for a, b in zip(local, main, strict=True):
+        local_bytes, main_bytes = Path(a["out"]).read_bytes(), Path(b["out"]).read_bytes()
+        assert deserialize_pte_binary(local_bytes) == deserialize_pte_binary(main_bytes)
+
+
+DERIVE_CHECK = """
+import json, torch
+from torchao.quantization.pt2e.observer import MinMaxObserver, PerChannelMinMaxObserver
+from executorch.backends.arm.quantizer import arm_quantizer_utils
+from executorch.backends.arm.quantizer import get_symmetric_quantization_config
+from remote_partitioner.proto.codec.annotations import ALLOWED_DERIVE_FUNCTIONS
+from remote_partitioner.proto.codec.derive_functions import captures_nothing
+
+def qualified(fn):
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+# Arm's two bias functions, as its quantizer hands them to torchao.
+graph = torch.fx.Graph()
+x, w = graph.placeholder("x"), graph.placeholder("w")
+conv = graph.call_function(torch.ops.aten.conv2d.default, (x, w))
+arms = [arm_quantizer_utils._derive_bias_qparams_fn]
+for per_channel in (True, False):
+    config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    arms.append(config.get_bias_qspec(conv).derive_qparams_fn)
+torch.manual_seed(0)
+act = MinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+act(torch.randn(64) * 3)
+results = []
+for weight in (
+    PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, qscheme=torch.per_channel_symmetric),
+    MinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric),
+):
+    weight(torch.randn(8, 3, 3, 3))
+    for fn in arms:
+        ours = ALLOWED_DERIVE_FUNCTIONS[qualified(fn)]
+        a, b = fn([act, weight]), ours([act, weight])
+        results.append([qualified(fn), captures_nothing(fn), ours is not fn,
+                        all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(a, b))])
+print(json.dumps(results))
+"""
+
+
+def test_the_clients_bias_functions_compute_arms_bits(arm_python: str) -> None:
+    out = subprocess.run([arm_python, "-c", DERIVE_CHECK], capture_output=True, text=True,
+                         timeout=FLOW_SECONDS, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(results) == 6 and len({r[0] for r in results}) == 2
+    assert all(r[1:] == [True, True, True] for r in results), results

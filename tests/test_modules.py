@@ -313,17 +313,57 @@ def test_inserted_call_function_is_refused() -> None:
         _change(act)
 
 
-def test_new_meta_key_is_refused_but_annotations_are_ignored() -> None:
+def test_plain_meta_crosses_other_meta_is_refused_annotations_are_ignored() -> None:
     def annotate(gm: torch.fx.GraphModule) -> None:
         _calls(gm)[0].meta["quantization_annotation"] = object()
 
-    assert not _change(annotate).changed
+    assert not _change(annotate).changed and not _change(annotate).meta
 
-    def act(gm: torch.fx.GraphModule) -> None:
-        _calls(gm)[0].meta["other"] = 1
+    class Info(dict):  # type: ignore[type-arg]  # a mapping type, as Arm's ArmAnnotationInfo
+        pass
+
+    def mark(gm: torch.fx.GraphModule) -> None:
+        node = _calls(gm)[0]
+        node.meta["custom"] = {"info": Info(quantized=True), "n": [1, 2.5, None]}
+        node.meta["disallow_tfa"] = False
+        node.meta.pop("nn_module_stack")
+
+    edits = _wire(_change(mark))
+    name = _calls(_client("linear")[0])[0].name
+    assert [(m.node, m.key, m.removed) for m in edits.meta] == [
+        (name, "custom", False), (name, "disallow_tfa", False), (name, "nn_module_stack", True),
+    ]
+    client = _client("linear")[0]
+    assert "nn_module_stack" in _calls(client)[0].meta
+    module_edits.apply_edits(client, edits)
+    node = _calls(client)[0]
+    assert node.meta["custom"] == {"info": {"quantized": True}, "n": [1, 2.5, None]}
+    assert type(node.meta["custom"]["info"]) is dict  # the subclass arrives as a dict
+    assert node.meta["disallow_tfa"] is False
+    assert "nn_module_stack" not in node.meta
+
+    def opaque(gm: torch.fx.GraphModule) -> None:
+        _calls(gm)[0].meta["other"] = object()
 
     with pytest.raises(UnrepresentableMeta, match="'other'"):
-        _change(act)
+        _change(opaque)
+
+    def fake_value(gm: torch.fx.GraphModule) -> None:
+        node = _calls(gm)[0]
+        node.meta["val"] = node.meta["val"].sum()
+
+    with pytest.raises(UnrepresentableMeta, match="'val'"):
+        _change(fake_value)
+
+    # A message that edits `val` (or names a node that is not there) is refused on apply.
+    bad = _wire(_change(mark))
+    bad.meta[0].key = "val"
+    with pytest.raises(codec.ProgramDecodeError, match="cannot be edited"):
+        module_edits.apply_edits(_client("linear")[0], bad)
+    bad = _wire(_change(mark))
+    bad.meta[0].node = "no_such_node"
+    with pytest.raises(FingerprintMismatch, match="no_such_node"):
+        module_edits.apply_edits(_client("linear")[0], bad)
 
 
 def test_apply_onto_another_module_is_refused() -> None:

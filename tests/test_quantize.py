@@ -473,3 +473,82 @@ def test_a_training_module_is_refused_clearly(server_address: str) -> None:
         prepare_qat_pt2e(gm, quantizer)  # type: ignore[arg-type]
     assert e.value.reason == "INVALID_PROGRAM"
     assert quantizer.stats["calls"] == 1  # the listing only
+
+
+class _Mark(dict):  # type: ignore[type-arg]
+    """A dict subclass for node metadata, as Arm's ``ArmAnnotationInfo`` is."""
+
+
+class _RewritesAndMarks(Quantizer):
+    """XNNPACK's symmetric quantizer behind a transform that rewrites the graph as Arm's pass
+    pipeline does (each relu becomes a new ``clamp`` node; more than edits state) and an
+    annotate that marks the nodes it annotated in plain-data metadata, as Arm's does
+    (``custom``, ``disallow_tfa``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+
+        self.inner = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        model = self.inner.transform_for_annotation(model)
+        for node in list(model.graph.nodes):
+            if node.target == torch.ops.aten.relu.default:
+                with model.graph.inserting_after(node):
+                    clamp = model.graph.call_function(
+                        torch.ops.aten.clamp.default, (node.args[0], 0.0)
+                    )
+                clamp.meta = dict(node.meta)
+                node.replace_all_uses_with(clamp)
+                model.graph.erase_node(node)
+        model.recompile()
+        return model
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        self.inner.annotate(model)
+        for node in model.graph.nodes:
+            annotated = node.meta.get("quantization_annotation") is not None
+            if node.op == "call_function":
+                node.meta["custom"] = {"mark": _Mark(quantized=annotated)}
+                node.meta["disallow_tfa"] = not annotated
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        self.inner.validate(model)
+
+
+def test_a_transform_returned_whole_and_metadata_marks() -> None:
+    """A transform that changes more than edits state comes back as its whole module, which
+    the client continues with (as prepare_pt2e continues with the module a local transform
+    returns); the plain-data metadata annotate writes crosses (a dict subclass arrives as a
+    dict); the program, the generator and the .pte are the local ones."""
+    from servers import inproc_server
+
+    from remote_partitioner.server.quantizers import HostedQuantizer, QuantizerRegistry
+
+    hosted = HostedQuantizer("rewrites", "XnnpackBackend", {}, lambda spec: _RewritesAndMarks(),
+                             _RewritesAndMarks)
+    local = _quantize_and_lower(_RewritesAndMarks(), _local_partitioner("xnnpack"))
+    assert "clamp" in local["prepared_code"] and "relu" not in local["prepared_code"]
+    with inproc_server(quantizers=QuantizerRegistry([hosted])) as (_, target):
+        remote_quantizer = RemoteQuantizer(target, "rewrites")
+        remote = _quantize_and_lower(remote_quantizer, _local_partitioner("xnnpack"))
+        _assert_same(local, remote)
+
+        # The module came back whole (not the client's, edited), with the marks.
+        gm = torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
+        out = remote_quantizer.transform_for_annotation(gm)
+        assert out is not gm
+        remote_quantizer.annotate(out)
+        want = _RewritesAndMarks().annotate(_RewritesAndMarks().transform_for_annotation(
+            torch.export.export(ConvBnLinear().eval(), (torch.randn(2, 3, 8, 8),)).module()
+        ))
+        marks = {n.name: (n.meta.get("custom"), n.meta.get("disallow_tfa"))
+                 for n in want.graph.nodes if n.op == "call_function"}
+        assert {n.name: (n.meta.get("custom"), n.meta.get("disallow_tfa"))
+                for n in out.graph.nodes if n.op == "call_function"} == marks
+        assert any(m[0]["mark"]["quantized"] for m in marks.values())

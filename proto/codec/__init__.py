@@ -75,6 +75,7 @@ from remote_partitioner.proto.codec.graphs import graph_modules, op_from_name, o
 from remote_partitioner.proto.codec.meta_values import decode_meta_value, encode_meta_value
 from remote_partitioner.proto.codec.module_edits import ModuleSnapshot, apply_edits
 from remote_partitioner.proto.codec.modules import (
+    GUARDS_NAME,
     EditConflict,
     lift_module,
     module_fingerprint,
@@ -99,6 +100,7 @@ from remote_partitioner.proto.program_errors import (
 )
 
 __all__ = [
+    "GUARDS_NAME",
     "BlobMissing",
     "BlobSizeMismatch",
     "CodecError",

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from remote_partitioner.proto.codec.derive_functions import DERIVE_FUNCTIONS, captures_nothing
 from remote_partitioner.proto.program_errors import ProgramDecodeError, UnrepresentableMeta
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
@@ -138,10 +139,12 @@ class _LazyTable(Mapping[str, Any]):
 #: class: the only classes a ``Constructor`` may name, in either direction.
 ALLOWED_CONSTRUCTORS: Mapping[str, Any] = _LazyTable(_allowed_classes)
 
-#: Qualified name -> ``derive_qparams_fn`` of a ``DerivedQuantizationSpec``. Empty: none of the
-#: hosted quantizers (XNNPACK, Vulkan, Core ML) writes a derived spec. Read at call time, so a
-#: hosting process (or a test) may replace it.
-ALLOWED_DERIVE_FUNCTIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({})
+#: Qualified name -> the implementation of a ``DerivedQuantizationSpec``'s ``derive_qparams_fn``
+#: that the client runs (:mod:`.derive_functions`: Arm's bias functions; XNNPACK, Vulkan and
+#: Core ML write no derived spec). The server accepts a function under its name if it is that
+#: implementation or a plain function that captures nothing (the backend's own). Read at call
+#: time, so a hosting process (or a test) may replace it.
+ALLOWED_DERIVE_FUNCTIONS: Mapping[str, Callable[..., Any]] = DERIVE_FUNCTIONS
 
 #: ``str(dtype)`` -> dtype, for every ``torch.dtype`` torch exposes (``"torch.int8"``).
 _DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
@@ -331,11 +334,12 @@ class _Encoder:
                 )
             )
         else:
-            if type(spec.derived_from) is not list:
-                raise UnrepresentableMeta(f"{where}.derived_from: not a list")
+            if type(spec.derived_from) not in (list, tuple):
+                raise UnrepresentableMeta(f"{where}.derived_from: not a list or tuple")
             fn = spec.derive_qparams_fn
             fn_name = _qualified_name(fn)
-            if ALLOWED_DERIVE_FUNCTIONS.get(fn_name) is not fn:
+            allowed = ALLOWED_DERIVE_FUNCTIONS.get(fn_name)
+            if allowed is None or (allowed is not fn and not captures_nothing(fn)):
                 raise UnknownConstructor(
                     fn_name, f"{where}.derive_qparams_fn", derive_function=True
                 )
@@ -346,6 +350,7 @@ class _Encoder:
                         for i, v in enumerate(spec.derived_from)
                     ],
                     derive_qparams_fn=fn_name,
+                    derived_from_tuple=type(spec.derived_from) is tuple,
                     dtype=_dtype(spec.dtype, f"{where}.dtype"),
                     quant_min=_optional_int(spec.quant_min, f"{where}.quant_min"),
                     quant_max=_optional_int(spec.quant_max, f"{where}.quant_max"),
@@ -706,11 +711,12 @@ def _decode_spec(
                 raise UnknownConstructor(
                     d.derive_qparams_fn, f"{where}: derive_qparams_fn", derive_function=True
                 )
+            derived_from = [
+                _decode_edge_or_node(v, f"{where}: derived_from[{i}]", nodes)
+                for i, v in enumerate(d.derived_from)
+            ]
             return q.DerivedQuantizationSpec(
-                derived_from=[
-                    _decode_edge_or_node(v, f"{where}: derived_from[{i}]", nodes)
-                    for i, v in enumerate(d.derived_from)
-                ],
+                derived_from=tuple(derived_from) if d.derived_from_tuple else derived_from,
                 derive_qparams_fn=fn,
                 dtype=_decode_dtype(d.dtype, f"{where}: dtype"),
                 quant_min=optional(d, "quant_min"),

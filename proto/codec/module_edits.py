@@ -3,11 +3,13 @@ and applied on the client (the module itself crossed as :mod:`.modules` says).
 
 The server takes a :class:`ModuleSnapshot` before each quantizer step and states what the step
 changed as ``GraphEdits`` (:meth:`ModuleSnapshot.edits`): new tensors, inserted ``get_attr``
-nodes, changed arguments, erased nodes -- and refuses anything else
+nodes, changed arguments, erased nodes, plain-data node metadata -- and refuses anything else
 (:class:`UnrepresentableMeta`). The client applies the edits to its own module, in place
-(:func:`apply_edits`), and checks that its fingerprint then equals the server's. The client's
+(:func:`apply_edits`), and checks that its fingerprint then equals the server's. An edited
 module is never replaced, so its node metadata that does not cross (``seq_nr``,
-``original_aten``, ``example_value``, ``from_node``) and its objects' identity are kept.
+``original_aten``, ``example_value``, ``from_node``) and its objects' identity are kept. (A
+transform whose changes edits cannot state is answered with its whole module instead:
+``QuantizeResponse.transform_module``, server/quantize_call.py.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from remote_partitioner.proto.codec.meta_values import decode_meta_value, encode_meta_value
 from remote_partitioner.proto.codec.modules import (
     ANNOTATION_KEY,
     EditConflict,
@@ -51,6 +54,11 @@ def _meta_signature(value: Any) -> Any:
     if isinstance(value, dict):
         return ("dict", tuple((repr(k), _meta_signature(v)) for k, v in value.items()))
     return ("value", repr(value))
+
+
+#: Node metadata keys that edits never set: ``val`` (a fake tensor, made here from the graph)
+#: and the annotation (which crosses with its objects' identity in ``Annotations``).
+_UNEDITABLE_META = frozenset({"val", ANNOTATION_KEY})
 
 
 class _NodeState:
@@ -166,16 +174,17 @@ class ModuleSnapshot:
         Representable: new parameters/buffers on existing modules (``NewTensor`` with their
         data, in registration order), inserted ``get_attr`` nodes reading registered tensors
         (with the node each precedes), changed args/kwargs of existing nodes (nodes, ints,
-        floats, bools, strings, None, lists, tuples, dtypes), erased nodes (users first). The
-        ``quantization_annotation`` meta key is ignored.
+        floats, bools, strings, None, lists, tuples, dtypes), erased nodes (users first), meta
+        keys set, changed or removed on existing nodes whose values are plain data
+        (``MetaEdit``; not ``val``). The ``quantization_annotation`` meta key is ignored.
 
         Raises:
             UnrepresentableMeta: naming the node, key or target, for anything else: an
                 inserted node that is not ``get_attr`` (or reads something not registered), an
                 inserted node with meta other than ``val``, a changed op or target, a reordering
-                that is not an insertion, a new, changed or removed meta key on an existing
-                node, a new or removed submodule, a changed or removed existing tensor, a new
-                tensor whose data is not here (a ``FakeTensor``).
+                that is not an insertion, a changed ``val`` or a meta value that is not plain
+                data on an existing node, a new or removed submodule, a changed or removed
+                existing tensor, a new tensor whose data is not here (a ``FakeTensor``).
         """
         edits = pb.GraphEdits()
         # Modules and tensors.
@@ -257,7 +266,17 @@ class ModuleSnapshot:
                 if state.meta.get(key) != old.meta.get(key):
                     change = ("new" if key not in old.meta
                               else "removed" if key not in state.meta else "changed")
-                    raise UnrepresentableMeta(f"node {node.name!r}: meta {key!r} {change}")
+                    where = f"node {node.name!r}: meta {key!r} {change}"
+                    if key in _UNEDITABLE_META:
+                        raise UnrepresentableMeta(where)
+                    if key not in node.meta:
+                        edits.meta.append(pb.MetaEdit(node=node.name, key=key, removed=True))
+                        continue
+                    try:
+                        value = encode_meta_value(node.meta[key], where=where)
+                    except UnrepresentableMeta as e:
+                        raise UnrepresentableMeta(f"{e} (only plain data crosses)") from None
+                    edits.meta.append(pb.MetaEdit(node=node.name, key=key, value=value))
             if state.args != old.args:
                 where = f"node {node.name!r}"
                 edits.changed.append(
@@ -306,7 +325,7 @@ def apply_edits(
     anchor with ``graph.create_node(..., name=...)``, its ``val`` made by the graph's own fake
     mode (``torch._guards.detect_fake_mode`` over the nodes' ``val``) with
     ``from_tensor(tensor, static_shapes=True)``, as ExecuTorch's ``_convert_scalars_to_attrs``
-    does; set changed args/kwargs; erase nodes; ``gm.recompile()``.
+    does; set changed args/kwargs; erase nodes; set or remove meta keys; ``gm.recompile()``.
 
     ``expected``, if given, is the fingerprint ``gm`` must have before the edits (the one the
     client sent, ``UnliftTable.fingerprint``): checked before anything changes. Without it a
@@ -356,6 +375,15 @@ def apply_edits(
     for name in edits.erased:
         if name not in nodes:
             raise FingerprintMismatch(f"erased node {name!r} is not in the module")
+    erased = set(edits.erased)
+    meta = list(edits.meta)
+    for m in meta:
+        if m.key in _UNEDITABLE_META or not m.key:
+            raise ProgramDecodeError(f"node {m.node!r}: meta {m.key!r} cannot be edited")
+        if m.node not in nodes or m.node in erased:
+            raise FingerprintMismatch(f"meta of node {m.node!r}, not in the module after the edits")
+        if not m.removed and m.value.WhichOneof("value") is None:
+            raise ProgramDecodeError(f"node {m.node!r}: meta {m.key!r} has no value")
 
     for owner, field, tensor, t in owners:
         if t.parameter:
@@ -400,6 +428,11 @@ def apply_edits(
         if victim.users:
             raise EditConflict(f"erased node {name!r} still has users {list(victim.users)}")
         graph.erase_node(victim)
+    for m in meta:
+        if m.removed:
+            nodes[m.node].meta.pop(m.key, None)
+        else:
+            nodes[m.node].meta[m.key] = decode_meta_value(m.value)
     gm.recompile()
     problem = _fingerprint_problem(gm, edits.fingerprint, "the module after the edits")
     if problem is not None:

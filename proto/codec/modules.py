@@ -518,8 +518,12 @@ def _positions(
     return out
 
 
-def unlift_program(ep: ExportedProgram, table: pb.UnliftTable) -> torch.fx.GraphModule:
-    """Rebuild the client's module from the decoded lifted program (the server's side).
+def unlift_program(
+    ep: ExportedProgram, table: pb.UnliftTable, *, guards_module: torch.nn.Module | None = None
+) -> torch.fx.GraphModule:
+    """Rebuild the client's module from the decoded lifted program (the server's side; also
+    the client's, for a module a quantizer's transform returned whole, with
+    ``guards_module`` its own guards function).
 
     The result is a ``torch.export._unlift._StatefulGraphModule`` like ``.module()`` returns:
 
@@ -531,8 +535,9 @@ def unlift_program(ep: ExportedProgram, table: pb.UnliftTable) -> torch.fx.Graph
       lifted tensors the table does not name (ones the client's graph does not read) are
       registered and get no node;
     * the guards call, if any, becomes a ``call_module`` node of the table's name, position and
-      arguments, calling an :class:`InertGuards` whose ``_is_impure`` is the table's, with the
-      ``nn_module_stack`` ``.module()`` gives it (the first ``call_function``'s);
+      arguments, calling an :class:`InertGuards` whose ``_is_impure`` is the table's (or
+      ``guards_module``, as given), with the ``nn_module_stack`` ``.module()`` gives it (the
+      first ``call_function``'s);
     * the pytree code of ``.module()`` (in/out specs and argument names of the program's
       module call graph), so ``gm(*args)`` takes the client's arguments, the range
       constraints, and ``.module()``'s input check;
@@ -662,7 +667,9 @@ def unlift_program(ep: ExportedProgram, table: pb.UnliftTable) -> torch.fx.Graph
         gm.register_parameter(name, p)
     for name, b in root._buffers.items():
         gm.register_buffer(name, b, persistent=name not in root._non_persistent_buffers_set)
-    if guards is not None:
+    if guards is not None and guards_module is not None:
+        gm.add_module(GUARDS_NAME, guards_module)
+    elif guards is not None:
         inert = InertGuards()
         inert._is_impure = guards.impure  # type: ignore[assignment]
         gm.add_module(GUARDS_NAME, inert)

@@ -784,18 +784,20 @@ class ExternalNamedData(_message.Message):
     def __init__(self, filename: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NamedDataEntry, _Mapping]]] = ...) -> None: ...
 
 class QuantizerInfo(_message.Message):
-    __slots__ = ("name", "class_name", "backend_id", "spec_keys", "description")
+    __slots__ = ("name", "class_name", "backend_id", "spec_keys", "description", "loads_quantized_kernels")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    LOADS_QUANTIZED_KERNELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     class_name: str
     backend_id: str
     spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
     description: str
-    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., description: _Optional[str] = ...) -> None: ...
+    loads_quantized_kernels: bool
+    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., description: _Optional[str] = ..., loads_quantized_kernels: _Optional[bool] = ...) -> None: ...
 
 class QuantizerRef(_message.Message):
     __slots__ = ("name", "spec")
@@ -862,7 +864,7 @@ class QuantizeRequest(_message.Message):
     def __init__(self, quantizer: _Optional[_Union[QuantizerRef, _Mapping]] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., program_digest: _Optional[_Union[Digest, _Mapping]] = ..., unlift: _Optional[_Union[UnliftTable, _Mapping]] = ..., steps: _Optional[_Union[QuantizeSteps, str]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class QuantizeResponse(_message.Message):
-    __slots__ = ("transform_edits", "transform_rng_state", "annotate_edits", "annotations", "rng_state", "raised_step", "raised")
+    __slots__ = ("transform_edits", "transform_rng_state", "annotate_edits", "annotations", "rng_state", "raised_step", "raised", "transform_module")
     TRANSFORM_EDITS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     ANNOTATE_EDITS_FIELD_NUMBER: _ClassVar[int]
@@ -870,6 +872,7 @@ class QuantizeResponse(_message.Message):
     RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     RAISED_STEP_FIELD_NUMBER: _ClassVar[int]
     RAISED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORM_MODULE_FIELD_NUMBER: _ClassVar[int]
     transform_edits: GraphEdits
     transform_rng_state: bytes
     annotate_edits: GraphEdits
@@ -877,21 +880,44 @@ class QuantizeResponse(_message.Message):
     rng_state: bytes
     raised_step: QuantizeStep
     raised: RemoteException
-    def __init__(self, transform_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., transform_rng_state: _Optional[bytes] = ..., annotate_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., annotations: _Optional[_Union[Annotations, _Mapping]] = ..., rng_state: _Optional[bytes] = ..., raised_step: _Optional[_Union[QuantizeStep, str]] = ..., raised: _Optional[_Union[RemoteException, _Mapping]] = ...) -> None: ...
+    transform_module: ReplacedModule
+    def __init__(self, transform_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., transform_rng_state: _Optional[bytes] = ..., annotate_edits: _Optional[_Union[GraphEdits, _Mapping]] = ..., annotations: _Optional[_Union[Annotations, _Mapping]] = ..., rng_state: _Optional[bytes] = ..., raised_step: _Optional[_Union[QuantizeStep, str]] = ..., raised: _Optional[_Union[RemoteException, _Mapping]] = ..., transform_module: _Optional[_Union[ReplacedModule, _Mapping]] = ...) -> None: ...
+
+class ReplacedModule(_message.Message):
+    __slots__ = ("program", "unlift")
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    UNLIFT_FIELD_NUMBER: _ClassVar[int]
+    program: Program
+    unlift: UnliftTable
+    def __init__(self, program: _Optional[_Union[Program, _Mapping]] = ..., unlift: _Optional[_Union[UnliftTable, _Mapping]] = ...) -> None: ...
 
 class GraphEdits(_message.Message):
-    __slots__ = ("tensors", "inserted", "changed", "erased", "fingerprint")
+    __slots__ = ("tensors", "inserted", "changed", "erased", "fingerprint", "meta")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     INSERTED_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     ERASED_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[NewTensor]
     inserted: _containers.RepeatedCompositeFieldContainer[InsertedNode]
     changed: _containers.RepeatedCompositeFieldContainer[ChangedArguments]
     erased: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: str
-    def __init__(self, tensors: _Optional[_Iterable[_Union[NewTensor, _Mapping]]] = ..., inserted: _Optional[_Iterable[_Union[InsertedNode, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[ChangedArguments, _Mapping]]] = ..., erased: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    meta: _containers.RepeatedCompositeFieldContainer[MetaEdit]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[NewTensor, _Mapping]]] = ..., inserted: _Optional[_Iterable[_Union[InsertedNode, _Mapping]]] = ..., changed: _Optional[_Iterable[_Union[ChangedArguments, _Mapping]]] = ..., erased: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., meta: _Optional[_Iterable[_Union[MetaEdit, _Mapping]]] = ...) -> None: ...
+
+class MetaEdit(_message.Message):
+    __slots__ = ("node", "key", "value", "removed")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    key: str
+    value: MetaValue
+    removed: bool
+    def __init__(self, node: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[_Union[MetaValue, _Mapping]] = ..., removed: _Optional[bool] = ...) -> None: ...
 
 class NewTensor(_message.Message):
     __slots__ = ("target", "parameter", "persistent", "dtype", "sizes", "data")
@@ -1090,7 +1116,7 @@ class SharedSpec(_message.Message):
     def __init__(self, edge_or_node: _Optional[_Union[EdgeOrNode, _Mapping]] = ...) -> None: ...
 
 class DerivedSpec(_message.Message):
-    __slots__ = ("derived_from", "derive_qparams_fn", "dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "is_dynamic")
+    __slots__ = ("derived_from", "derive_qparams_fn", "dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "is_dynamic", "derived_from_tuple")
     DERIVED_FROM_FIELD_NUMBER: _ClassVar[int]
     DERIVE_QPARAMS_FN_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -1099,6 +1125,7 @@ class DerivedSpec(_message.Message):
     QSCHEME_FIELD_NUMBER: _ClassVar[int]
     CH_AXIS_FIELD_NUMBER: _ClassVar[int]
     IS_DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_FROM_TUPLE_FIELD_NUMBER: _ClassVar[int]
     derived_from: _containers.RepeatedCompositeFieldContainer[EdgeOrNode]
     derive_qparams_fn: str
     dtype: str
@@ -1107,7 +1134,8 @@ class DerivedSpec(_message.Message):
     qscheme: str
     ch_axis: int
     is_dynamic: bool
-    def __init__(self, derived_from: _Optional[_Iterable[_Union[EdgeOrNode, _Mapping]]] = ..., derive_qparams_fn: _Optional[str] = ..., dtype: _Optional[str] = ..., quant_min: _Optional[int] = ..., quant_max: _Optional[int] = ..., qscheme: _Optional[str] = ..., ch_axis: _Optional[int] = ..., is_dynamic: _Optional[bool] = ...) -> None: ...
+    derived_from_tuple: bool
+    def __init__(self, derived_from: _Optional[_Iterable[_Union[EdgeOrNode, _Mapping]]] = ..., derive_qparams_fn: _Optional[str] = ..., dtype: _Optional[str] = ..., quant_min: _Optional[int] = ..., quant_max: _Optional[int] = ..., qscheme: _Optional[str] = ..., ch_axis: _Optional[int] = ..., is_dynamic: _Optional[bool] = ..., derived_from_tuple: _Optional[bool] = ...) -> None: ...
 
 class NodeAnnotation(_message.Message):
     __slots__ = ("node", "inputs", "output_spec", "allow_implicit_sharing", "annotated", "object")

@@ -400,6 +400,8 @@ def hosted_quantizer() -> list[HostedQuantizer]:
                 factory,
                 TOSAQuantizer if name == "arm_tosa" else EthosUQuantizer,
                 f"Arm {name}: symmetric int8 PT2E quantization for the target's TOSA profile",
+                # executorch.backends.arm.quantizer imports executorch.kernels.quantized
+                loads_quantized_kernels=True,
             )
         )
     return quantizers
