@@ -29,6 +29,7 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class _Answer:
     """A ``Quantize`` answer waiting for the steps still to come on the module it is for.
@@ -85,8 +86,8 @@ class RemoteQuantizer(Quantizer, ServerConnection):
       against the server's, and returns ``model``. A transform that changes more than edits
       state (Arm's pass pipeline decomposes operators) comes back as its whole module, which
       is returned instead, as the local transform's module would be: its node metadata is
-      what the program codec carries (no ``seq_nr``, ``from_node``), and a guards function
-      the module had is an inert one.
+      what the program codec carries (no ``seq_nr``, ``from_node``), and its guards call, if
+      any, calls ``model``'s own guards function.
     * ``annotate(model)`` applies what ``annotate`` did: dead code it eliminated, and every
       node's ``quantization_annotation``, rebuilt with the same sharing of spec objects and
       with observer and fake-quantize constructors resolved by name from an allow-list of
