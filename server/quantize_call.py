@@ -121,8 +121,10 @@ def run(
                 raise value_reads.TensorDataRequired(
                     "the transform's module goes back whole, with its tensors' data"
                 ) from None
-            response.ClearField("transform_edits")
-            response.transform_module.CopyFrom(_stated(_replaced(store_blobs, str(e)), out))
+            logger.debug("transform_for_annotation answered with its module: %s", e)
+            response.transform_module.CopyFrom(
+                _stated(lambda gm: _whole_module(gm, store_blobs), out)
+            )
         if request.rng_state:  # the caller's generator, never the server's own
             response.transform_rng_state = torch.get_rng_state().numpy().tobytes()
         gm = out
@@ -155,20 +157,15 @@ def _stated(state: Callable[[torch.fx.GraphModule], _M], gm: torch.fx.GraphModul
         ) from e
 
 
-def _replaced(
-    store_blobs: Callable[[Mapping[str, Any]], None], why: str
-) -> Callable[[torch.fx.GraphModule], pb.ReplacedModule]:
-    """States a transformed module whole (see :func:`run`); ``why``: what the edits could not
-    state, logged at DEBUG."""
-
-    def replaced(gm: torch.fx.GraphModule) -> pb.ReplacedModule:
-        logger.debug("transform_for_annotation answered with its module: %s", why)
-        lifted, table = codec.lift_module(gm)
-        encoded = codec.encode_program(lifted)
-        store_blobs(encoded.blobs)
-        return pb.ReplacedModule(program=encoded.message, unlift=table)
-
-    return replaced
+def _whole_module(
+    gm: torch.fx.GraphModule, store_blobs: Callable[[Mapping[str, Any]], None]
+) -> pb.ReplacedModule:
+    """``gm`` stated whole (see :func:`run`): lifted as the client lifts its own, its blobs
+    given to ``store_blobs``."""
+    lifted, table = codec.lift_module(gm)
+    encoded = codec.encode_program(lifted)
+    store_blobs(encoded.blobs)
+    return pb.ReplacedModule(program=encoded.message, unlift=table)
 
 
 def _raised(

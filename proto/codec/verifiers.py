@@ -1,14 +1,13 @@
 """An Edge program's verifier on the wire (``Program.edge_verifier``).
 
 The export schema's JSON names a program's verifiers by dialect only ("EDGE"), and
-``executorch.exir.serde`` loads ExecuTorch's default Edge verifier for it. The verifier
-``to_edge`` builds is configured: it accepts the operators the partitioners keep from
-decomposition (``ops_to_not_decompose``) and follows the ``EdgeCompileConfig``. A backend whose
-preprocess calls ``ExportedProgram.validate()`` (Arm's pass manager does) refuses, on a program
-rebuilt with the default verifier, what it accepts locally. Worse, exir's deserializer does not
-build a default: it takes the Edge verifier class the process built last (torch registers
-verifier classes by dialect), so the rebuilt program's verifier would depend on the server's
-history. So the configuration crosses as data: two flags and two lists of operator names,
+``executorch.exir.serde`` loads for it the Edge verifier class the process built last (torch
+registers verifier classes by dialect): the rebuilt program's verifier would depend on the
+server's history. The verifier ``to_edge`` builds is configured: it accepts the operators the
+partitioners keep from decomposition (``ops_to_not_decompose``) and follows the
+``EdgeCompileConfig``. A backend whose preprocess calls ``ExportedProgram.validate()`` (Arm's
+pass manager does) refuses, with another configuration (a default one), what it accepts
+locally. So the configuration crosses as data: two flags and two lists of operator names,
 resolved on the other side to registered operators only (:func:`~.graphs.op_from_name`).
 """
 
