@@ -5,10 +5,14 @@
 #   make test-fast  the same checks, then the tests not marked slow (under 3 minutes on 2 cores)
 #   make serve   run the server on $(ADDRESS)
 #   make conformance  ExecuTorch's backend test suite, each hosted flow vs its remote twin
+#   make conformance-openvino  the same for the OpenVINO flows, in .venv-openvino
+#   make venv-arm, make venv-openvino  the Arm and OpenVINO servers' environments (make test builds both)
 #   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
 #                then the load figures (make bench-load: stalled streams, concurrent uploads)
 #   make bench-report  how long the llama2 delegation report page takes to open in Chromium
 #   make image   build the server image (deploy/Dockerfile) with Docker: scripts/build_image.py
+#   make image-arm, make image-openvino, make image-router  the Arm and OpenVINO environments'
+#                server images and the front door's
 #   make image-test  run that image as deploy/k8s/base's Deployment does, and check it (tests
 #                marked `image`; `make test` leaves them out)
 #   make bench-image  the image's size, cold and cached build times, time from `docker run` to SERVING
@@ -26,8 +30,8 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv venv-arm node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance clean distclean \
-	image image-test bench-image
+.PHONY: venv venv-arm venv-openvino node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance conformance-openvino clean distclean \
+	image image-arm image-openvino image-router image-test bench-image
 
 venv: $(STAMP)
 
@@ -40,16 +44,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@
 
-# The Arm backends' server environment (arm_tosa, ethos_u55, ethos_u85): its own virtualenv,
-# since tosa-tools pins numpy and flatbuffers against the main one (docs/environments.md).
-VENV_ARM ?= .venv-arm
+# The server environments of the backends whose toolchains conflict with the main one
+# (docs/environments.md), each a virtualenv .venv-FAMILY with the pyproject extra FAMILY:
+# .venv-arm (arm_tosa, ethos_u55, ethos_u85: tosa-tools pins numpy and flatbuffers) and
+# .venv-openvino (openvino: OpenVINO and NNCF pin numpy below the main environment's).
+VENV_ARM := .venv-arm
+VENV_OPENVINO := .venv-openvino
 venv-arm: $(VENV_ARM)/.installed
+venv-openvino: $(VENV_OPENVINO)/.installed
 
-$(VENV_ARM)/.installed: pyproject.toml
-	test -x $(VENV_ARM)/bin/python || $(PYTHON) -m venv $(VENV_ARM)
-	$(VENV_ARM)/bin/python -m pip install --upgrade pip
-	$(VENV_ARM)/bin/python -m pip install torch==2.13.0
-	$(VENV_ARM)/bin/python -m pip install -e '.[arm]'
+.venv-%/.installed: pyproject.toml
+	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --upgrade pip
+	.venv-$*/bin/python -m pip install torch==2.13.0
+	.venv-$*/bin/python -m pip install -e '.[$*]'
 	touch $@
 
 # The Node.js client (client/node), installed from the npm registry as its lock file pins it.
@@ -80,9 +88,10 @@ lint: venv
 		-m remote_partitioner.proto.digests -m remote_partitioner.proto.program_errors \
 		-m remote_partitioner.proto.transport
 
-# The Arm environment too: tests/test_arm.py lowers through a server running in it.
-test: venv venv-arm node-client check-proto lint
-	ARM_PYTHON=$(abspath $(VENV_ARM))/bin/python \
+# The Arm and OpenVINO environments too: tests/test_arm.py and tests/test_openvino.py lower
+# through servers running in them (and run the OpenVINO flows' conformance subset there).
+test: venv venv-arm $(VENV_OPENVINO)/.conformance-stamp node-client check-proto lint
+	ARM_PYTHON=$(abspath $(VENV_ARM))/bin/python OPENVINO_PYTHON=$(abspath $(VENV_OPENVINO))/bin/python \
 		$(BIN)/python -m pytest -q -ra -m "not conformance and not image" --durations=15 \
 		$(PYTEST_ARGS) tests
 
@@ -118,9 +127,27 @@ IMAGE_BASE ?= python:3.11-slim
 image: venv
 	$(BIN)/python scripts/build_image.py --tag $(IMAGE) --base $(IMAGE_BASE)
 
+# The Arm and OpenVINO environments' server images (the same Dockerfile, each environment's
+# pins and extra) and the front door's (Debian's nginx): deploy/k8s/overlays/environments runs
+# the four.
+IMAGE_ARM ?= remote-partitioner-arm:0.1.0
+IMAGE_OPENVINO ?= remote-partitioner-openvino:0.1.0
+IMAGE_ROUTER ?= remote-partitioner-router:0.1.0
+image-arm: venv-arm
+	$(VENV_ARM)/bin/python scripts/build_image.py --extra arm --tag $(IMAGE_ARM) --base $(IMAGE_BASE)
+
+image-openvino: venv-openvino
+	$(VENV_OPENVINO)/bin/python scripts/build_image.py --extra openvino --tag $(IMAGE_OPENVINO) \
+		--base $(IMAGE_BASE)
+
+image-router: venv
+	$(BIN)/python scripts/build_image.py --router --tag $(IMAGE_ROUTER) --base $(IMAGE_BASE)
+
 # Runs $(IMAGE) as the Deployment in deploy/k8s/base does (with CI=true, no Docker is a failure).
 image-test: venv
-	RP_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -ra -m image -p no:cacheprovider \
+	RP_IMAGE=$(IMAGE) RP_IMAGE_ARM=$(IMAGE_ARM) RP_IMAGE_OPENVINO=$(IMAGE_OPENVINO) \
+		RP_IMAGE_ROUTER=$(IMAGE_ROUTER) \
+		$(BIN)/python -m pytest -q -ra -m image -p no:cacheprovider \
 		--durations=10 $(PYTEST_ARGS) tests/test_image.py
 
 bench-image: venv
@@ -133,7 +160,7 @@ clean:
 		-exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(NODE_CLIENT)/node_modules
+	rm -rf $(VENV) $(VENV_ARM) $(VENV_OPENVINO) $(NODE_CLIENT)/node_modules
 
 # ExecuTorch's backend conformance suite, every hosted flow and its remote twin (long on 2 cores;
 # CONFORMANCE_ARGS=... passes on, e.g. --flows xnnpack --suite operators -k test_add), in one
@@ -149,4 +176,14 @@ conformance: $(VENV)/.conformance-stamp
 
 $(VENV)/.conformance-stamp: $(STAMP)
 	$(BIN)/python -m pip install -e '.[dev,conformance]'
+	touch $@
+
+# The OpenVINO flows (openvino, openvino_int8) and their twins, run in the OpenVINO environment
+# (the runner and the server it starts), which their backend needs.
+conformance-openvino: $(VENV_OPENVINO)/.conformance-stamp
+	$(VENV_OPENVINO)/bin/python scripts/conformance.py --flows openvino openvino_int8 \
+		--json build/conformance-openvino.json --jobs $(CONFORMANCE_JOBS) $(CONFORMANCE_ARGS)
+
+$(VENV_OPENVINO)/.conformance-stamp: $(VENV_OPENVINO)/.installed
+	$(VENV_OPENVINO)/bin/python -m pip install -e '.[openvino,dev,conformance]'
 	touch $@

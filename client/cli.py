@@ -494,21 +494,31 @@ _TYPE_NAMES = {
 
 
 def list_lines(response: pb.ListPartitionersResponse) -> list[str]:
-    """``list``'s text: the server's versions, then per partitioner its backend, class,
-    description, overridden hooks and spec keys (type, default, doc), then per quantizer
-    (``RemoteQuantizer``) its backend, class, description and spec keys."""
-    v = response.versions
-    lines = [f"server {v.server} (api {v.api}): torch {v.torch}, executorch {v.executorch}, "
-             f"export schema {v.export_schema}"]
+    """``list``'s text: the server's versions and every other environment's, then per
+    partitioner its backend, class, environment (unless the default one), description,
+    overridden hooks and spec keys (type, default, doc), then per quantizer
+    (``RemoteQuantizer``) its backend, class, environment, description and spec keys."""
+    def versions(v: pb.ServerVersions) -> str:
+        return (f"server {v.server} (api {v.api}): torch {v.torch}, executorch {v.executorch}, "
+                f"export schema {v.export_schema}")
+
+    def where(environment: str) -> str:
+        return f"  [environment {environment}]" if environment else ""
+
+    own = f"environment {response.environment}: " if response.environment else ""
+    lines = [own + versions(response.versions)]
+    for env in response.environments:
+        lines.append(f"environment {env.name}: "
+                     + (f"not available: {env.error}" if env.error else versions(env.versions)))
     for p in response.partitioners:
-        lines += ["", f"{p.name}  {p.backend_id}  {p.class_name}"]
+        lines += ["", f"{p.name}  {p.backend_id}  {p.class_name}{where(p.environment)}"]
         if p.description:
             lines.append(f"  {p.description}")
         hooks = [pb.Hook.Name(h).removeprefix("HOOK_").lower() for h in p.overridden_hooks]
         lines.append(f"  hooks: {', '.join(hooks) or '-'}")
         lines += _spec_key_lines(p.spec_keys)
     for q in response.quantizers:
-        lines += ["", f"quantizer {q.name}  {q.backend_id}  {q.class_name}"]
+        lines += ["", f"quantizer {q.name}  {q.backend_id}  {q.class_name}{where(q.environment)}"]
         if q.description:
             lines.append(f"  {q.description}")
         lines += _spec_key_lines(q.spec_keys)

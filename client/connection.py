@@ -29,6 +29,7 @@ from remote_partitioner.client.errors import (
 )
 from remote_partitioner.proto import codec, errors
 from remote_partitioner.proto.digests import digest_of
+from remote_partitioner.proto.transport import ENVIRONMENT_METADATA_KEY
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
@@ -90,6 +91,40 @@ def set_rng_state(raw: bytes) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
 
+def environment_info(listing: pb.ListPartitionersResponse, name: str) -> pb.EnvironmentInfo:
+    """Environment ``name``'s versions and withheld-tensor support, as ``listing`` (a
+    ``ListPartitioners`` answer) states them: the answering server's own when ``name`` is its
+    environment, else the peer's ``EnvironmentInfo``.
+
+    Raises:
+        RemotePartitionerError: (UNAVAILABLE) the listing names the environment but could not
+            list it; (NOT_FOUND) it does not name it.
+    """
+    if name == listing.environment:
+        return pb.EnvironmentInfo(
+            name=name, versions=listing.versions,
+            accepts_withheld_tensors=listing.accepts_withheld_tensors,
+        )
+    for env in listing.environments:
+        if env.name == name:
+            if env.error:
+                raise RemotePartitionerError(
+                    f"environment {name!r} is not available: {env.error}",
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+            return env
+    raise RemotePartitionerError(
+        f"the listing names no environment {name!r}", grpc.StatusCode.NOT_FOUND
+    )
+
+
+def unavailable_environments(listing: pb.ListPartitionersResponse) -> str:
+    """What ``listing`` says of the environments it could not list ("" if none), for a
+    message that says an entry was not found: it may be theirs."""
+    return "".join(f"; environment {e.name} is not available: {e.error}"
+                   for e in listing.environments if e.error)
+
+
 class ServerConnection:
     """A client object's connection to one server (see the module doc).
 
@@ -107,6 +142,12 @@ class ServerConnection:
             previous answer.
         withhold_tensors: send programs without their tensors' data first (see
             ``RemotePartitioner``).
+
+    Environments: when the listing places the hosted entry a connection is for (a subclass's
+    :meth:`_entry_environment`) in a named environment, every call but ``ListPartitioners``
+    carries the header ``x-remote-partitioner-environment`` with that name, so that the front
+    door routes it (and its blobs) to that environment's server, and the versions checked are
+    that environment's.
     """
 
     def __init__(
@@ -130,6 +171,8 @@ class ServerConnection:
         self.memoize = memoize
         self.withhold_tensors = withhold_tensors
         self._listing: pb.ListPartitionersResponse | None = None
+        # The entry's environment, once known (see _environment_info)
+        self._env_info: pb.EnvironmentInfo | None = None
         # hook RPC name -> (snapshot of the program, response, encoding, generator state sent)
         # of the last call
         self._memo: dict[str, tuple[_Snapshot, Any, codec.EncodedProgram, bytes]] = {}
@@ -162,7 +205,7 @@ class ServerConnection:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for k in ("_channel", "_stub", "_lock", "_digests", "_memo", "_listing"):
+        for k in ("_channel", "_stub", "_lock", "_digests", "_memo", "_listing", "_env_info"):
             state.pop(k, None)
         return state
 
@@ -174,6 +217,7 @@ class ServerConnection:
         self._digests = codec.DigestCache()
         self._memo = {}
         self._listing = None
+        self._env_info = None
 
     def close(self) -> None:
         """Close the channel this connection opened (not one it was given)."""
@@ -193,31 +237,53 @@ class ServerConnection:
                 self._stub = pb_grpc.RemotePartitionerStub(self._channel)
             return self._stub
 
-    def _rpc(self, method: Callable[..., Any], request: Any) -> Any:
+    def _rpc(self, method: Callable[..., Any], request: Any, *, listing: bool = False) -> Any:
         self.stats["calls"] += 1
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(request, timeout=self.timeout,
+                          metadata=self._metadata if listing else self._call_metadata())
         except grpc.RpcError as e:
             exc = from_rpc_error(e)
         raise exc from exc.__cause__  # the remote traceback, if the server sent one
 
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata of every call but the listing: with the environment header when the
+        entry's environment is a named one."""
+        env = self._environment_info().name
+        return (*self._metadata, (ENVIRONMENT_METADATA_KEY, env)) if env else self._metadata
+
     def _server_listing(self) -> pb.ListPartitionersResponse:
-        """The server's ``ListPartitioners`` answer (fetched once), its versions checked."""
+        """The server's ``ListPartitioners`` answer (fetched once, without the environment
+        header: the front door's default environment lists every environment)."""
         if self._listing is None:
-            response = self._rpc(self.stub.ListPartitioners, pb.ListPartitionersRequest())
+            self._listing = self._rpc(
+                self.stub.ListPartitioners, pb.ListPartitionersRequest(), listing=True
+            )
+        return self._listing
+
+    def _entry_environment(self) -> str:
+        """The environment of the hosted entry this connection is for (subclasses look it up
+        in the listing); this base class's: the answering server's."""
+        return self._server_listing().environment
+
+    def _environment_info(self) -> pb.EnvironmentInfo:
+        """The entry's environment (name, versions), its torch and ExecuTorch versions
+        checked against this process's (``check_versions``)."""
+        if self._env_info is None:
+            info = environment_info(self._server_listing(), self._entry_environment())
             if self.check_versions:
                 local = _local_versions()
-                remote = {"torch": response.versions.torch,
-                          "executorch": response.versions.executorch}
+                remote = {"torch": info.versions.torch, "executorch": info.versions.executorch}
                 if local != remote:
+                    where = f" (environment {info.name})" if info.name else ""
                     raise IncompatibleServerError(
-                        f"server at {self.target} runs {remote}, this client {local}: it "
-                        "cannot reproduce a local lowering (check_versions=False to use it "
+                        f"server at {self.target}{where} runs {remote}, this client {local}: "
+                        "it cannot reproduce a local lowering (check_versions=False to use it "
                         "anyway)",
                         grpc.StatusCode.FAILED_PRECONDITION,
                     )
-            self._listing = response
-        return self._listing
+            self._env_info = info
+        return self._env_info
 
     def _upload(
         self,
@@ -257,7 +323,7 @@ class ServerConnection:
         method = getattr(self.stub, rpc)
         response: Any = None
         encoded: codec.EncodedProgram | None = None
-        if self.withhold_tensors and self._server_listing().accepts_withheld_tensors:
+        if self.withhold_tensors and self._environment_info().accepts_withheld_tensors:
             # First without the tensors' data: most hooks decide from the graph, shapes and
             # dtypes, and the server notices exactly when one does not.
             self.stats["withheld_calls"] += 1
@@ -352,7 +418,7 @@ class ServerConnection:
         try:
             for chunk in self.stub.ReadBlobs(
                 pb.ReadBlobsRequest(digests=[digest]), timeout=self.timeout,
-                metadata=self._metadata,
+                metadata=self._call_metadata(),
             ):
                 parts.append(chunk.data)
         except grpc.RpcError as e:
@@ -361,4 +427,10 @@ class ServerConnection:
         return b"".join(parts)
 
 
-__all__ = ["ServerConnection", "apply_rng_state", "set_rng_state"]
+__all__ = [
+    "ServerConnection",
+    "apply_rng_state",
+    "environment_info",
+    "set_rng_state",
+    "unavailable_environments",
+]

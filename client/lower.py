@@ -15,6 +15,7 @@ from remote_partitioner.client.errors import RemotePartitionerError, from_rpc_er
 from remote_partitioner.proto import errors
 from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.spec import SpecScalar, spec_entries
+from remote_partitioner.proto.transport import ENVIRONMENT_METADATA_KEY
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 
@@ -50,6 +51,11 @@ class LowerClient:
             :data:`~remote_partitioner.client.errors.MAX_RETRY_DELAY_S`).
         request_id: sent as ``x-request-id`` with every call (the server logs it); None
             sends none and the server picks one.
+
+    A lowering's calls (its upload and ``Lower``) carry the header
+    ``x-remote-partitioner-environment`` when the listing places its partitioners in a named
+    environment (one ``ListPartitioners`` call per client, on first use), so that the front
+    door routes them to that environment's server.
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class LowerClient:
             (("authorization", f"Bearer {token}"),) if token else ()
         ) + ((("x-request-id", request_id),) if request_id else ())
         self.timeout = timeout
+        self._listing: pb.ListPartitionersResponse | None = None
 
     def close(self) -> None:
         self.channel.close()
@@ -81,26 +88,60 @@ class LowerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., Any], request: Any) -> Any:
+    def _call(
+        self, method: Callable[..., Any], request: Any,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> Any:
         try:
-            return method(request, timeout=self.timeout, metadata=self.metadata)
+            return method(request, timeout=self.timeout,
+                          metadata=self.metadata if metadata is None else metadata)
         except grpc.RpcError as e:
             exc = from_rpc_error(e)
         raise exc from exc.__cause__
 
     def list_partitioners(self) -> pb.ListPartitionersResponse:
-        """The server's hosted partitioners and versions."""
-        return self._call(self.stub.ListPartitioners, pb.ListPartitionersRequest())
+        """The server's hosted partitioners and versions (every environment's, when the
+        server has peers); asked each time."""
+        self._listing = self._call(self.stub.ListPartitioners, pb.ListPartitionersRequest())
+        return self._listing
+
+    def environment_of(self, partitioners: Sequence[pb.PartitionerRef]) -> str:
+        """The environment that hosts ``partitioners`` ("" for the default one; names the
+        listing does not know are left to the server to refuse).
+
+        Raises:
+            RemotePartitionerError: (INVALID_ARGUMENT) they are hosted in different
+                environments, which no one server can lower together.
+        """
+        listing = self._listing if self._listing is not None else self.list_partitioners()
+        where = {p.name: p.environment for p in listing.partitioners}
+        envs = {where[p.name] for p in partitioners if p.name in where}
+        if len(envs) > 1:
+            named = ", ".join(f"{p.name} ({where[p.name] or 'default'})"
+                              for p in partitioners if p.name in where)
+            raise RemotePartitionerError(
+                f"the partitioners are hosted in different environments: {named}; one "
+                "lowering runs in one environment", grpc.StatusCode.INVALID_ARGUMENT,
+            )
+        return envs.pop() if envs else listing.environment
+
+    def _metadata_for(self, environment: str) -> tuple[tuple[str, str], ...]:
+        if not environment:
+            return self.metadata
+        return (*self.metadata, (ENVIRONMENT_METADATA_KEY, environment))
 
     def upload(
         self, data: bytes | memoryview, progress: Callable[[int], None] | None = None,
-        digest: pb.Digest | None = None,
+        digest: pb.Digest | None = None, environment: str = "",
     ) -> pb.Digest:
-        """Upload ``data`` as a blob unless the server holds it; return its digest
-        (``digest``, if the caller computed it already)."""
+        """Upload ``data`` as a blob unless the server (of ``environment``, "" for the
+        default one) holds it; return its digest (``digest``, if the caller computed it
+        already)."""
         if digest is None:
             digest = digest_of(data)
-        upload_missing(self._call, self.stub, [digest], {digest.hash: data}, progress)
+        metadata = self._metadata_for(environment)
+        upload_missing(lambda m, r: self._call(m, r, metadata), self.stub, [digest],
+                       {digest.hash: data}, progress)
         return digest
 
     def lower(
@@ -128,16 +169,17 @@ class LowerClient:
             report_only=report_only, skip_ir_validity_check=skip_ir_validity_check
         )
         missing, waits, progress = 0, 0, upload_progress
+        environment = self.environment_of(partitioners)
         digest = digest_of(archive)  # (once, whatever the retries)
         start = into.tell() if into is not None else 0
         while True:
             try:
-                self.upload(archive, progress, digest)
+                self.upload(archive, progress, digest, environment)
                 progress = None  # (reported once)
                 request = pb.LowerRequest(
                     archive=digest, partitioners=partitioners, options=options
                 )
-                return self._receive(request, into)
+                return self._receive(request, into, self._metadata_for(environment))
             except RemotePartitionerError as e:
                 if into is not None:
                     into.seek(start)
@@ -152,13 +194,16 @@ class LowerClient:
                     continue
                 raise
 
-    def _receive(self, request: pb.LowerRequest, into: IO[bytes] | None) -> LowerResult:
+    def _receive(
+        self, request: pb.LowerRequest, into: IO[bytes] | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> LowerResult:
         first: pb.LowerResponse | None = None
         parts: list[bytes] = []
         size = 0
         sha256 = hashlib.sha256()  # fed as the chunks arrive, between them
         try:
-            for message in self.stub.Lower(request, timeout=self.timeout, metadata=self.metadata):
+            for message in self.stub.Lower(request, timeout=self.timeout, metadata=metadata):
                 if first is None:
                     first = message
                 data = message.data  # (each read of a bytes field is a copy: one here)

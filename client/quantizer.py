@@ -15,7 +15,11 @@ import torch
 import torch.fx
 from torchao.quantization.pt2e.quantizer import Quantizer
 
-from remote_partitioner.client.connection import ServerConnection, set_rng_state
+from remote_partitioner.client.connection import (
+    ServerConnection,
+    set_rng_state,
+    unavailable_environments,
+)
 from remote_partitioner.client.errors import (
     FingerprintMismatchError,
     IncompatibleServerError,
@@ -182,14 +186,6 @@ class RemoteQuantizer(Quantizer, ServerConnection):
         """
         if self._info is None:
             listing = self._server_listing()
-            local = metadata.version("torchao")
-            if self.check_versions and listing.versions.torchao != local:
-                raise IncompatibleServerError(
-                    f"server at {self.target} runs torchao {listing.versions.torchao or '?'}, "
-                    f"this client {local}: its quantizers may annotate differently "
-                    "(check_versions=False to use it anyway)",
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                )
             for q in listing.quantizers:
                 if q.name == self.quantizer_name:
                     self._info = q
@@ -198,11 +194,28 @@ class RemoteQuantizer(Quantizer, ServerConnection):
                 names = ", ".join(q.name for q in listing.quantizers) or "none"
                 raise QuantizerNotFoundError(
                     f"server at {self.target} hosts no quantizer {self.quantizer_name!r}; "
-                    f"hosted: {names}",
+                    f"hosted: {names}{unavailable_environments(listing)}",
                     grpc.StatusCode.NOT_FOUND,
                     errors.Reason.UNKNOWN_QUANTIZER.value,
                 )
+            try:
+                versions = self._environment_info().versions
+            except RemotePartitionerError:
+                self._info = None
+                raise
+            local = metadata.version("torchao")
+            if self.check_versions and versions.torchao != local:
+                self._info = None
+                raise IncompatibleServerError(
+                    f"server at {self.target} runs torchao {versions.torchao or '?'}, "
+                    f"this client {local}: its quantizers may annotate differently "
+                    "(check_versions=False to use it anyway)",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                )
         return self._info
+
+    def _entry_environment(self) -> str:
+        return self.info.environment
 
     # ------------------------------------------------------------------ the steps
 

@@ -21,7 +21,11 @@ from torch.export import ExportedProgram
 
 from remote_partitioner.client import preprocess as preprocess_routes
 from remote_partitioner.client import report
-from remote_partitioner.client.connection import ServerConnection, apply_rng_state
+from remote_partitioner.client.connection import (
+    ServerConnection,
+    apply_rng_state,
+    unavailable_environments,
+)
 from remote_partitioner.client.errors import (
     PartitionerNotFoundError,
     RemotePartitionerError,
@@ -154,11 +158,21 @@ class RemotePartitioner(Partitioner, ServerConnection):
                 names = ", ".join(p.name for p in response.partitioners) or "none"
                 raise PartitionerNotFoundError(
                     f"server at {self.target} hosts no partitioner {self.partitioner_name!r}; "
-                    f"hosted: {names}",
+                    f"hosted: {names}{unavailable_environments(response)}",
                     grpc.StatusCode.NOT_FOUND,
                     errors.Reason.UNKNOWN_PARTITIONER.value,
                 )
+            try:
+                self._environment_info()  # its environment's versions checked before any use
+            except RemotePartitionerError:
+                self._info = None
+                raise
         return self._info
+
+    def _entry_environment(self) -> str:
+        if not self.partitioner_name:  # a connection for Preprocess only (to_backend_remotely)
+            return super()._entry_environment()
+        return self.info.environment
 
     def overrides(self, hook: str) -> bool:
         """Whether the hosted partitioner overrides ``hook`` (else the base answer holds)."""

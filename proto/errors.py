@@ -56,6 +56,9 @@ class Reason(str, enum.Enum):
     UNPARSABLE_REQUEST = "UNPARSABLE_REQUEST"
     #: ``Quantize`` named a quantizer the server does not host; the message lists them.
     UNKNOWN_QUANTIZER = "UNKNOWN_QUANTIZER"
+    #: The call's ``x-remote-partitioner-environment`` header names another environment than
+    #: the server's: the client reached a server directly, not the front door that routes by it.
+    WRONG_ENVIRONMENT = "WRONG_ENVIRONMENT"
 
 
 _C = grpc.StatusCode
@@ -86,6 +89,7 @@ STATUS_CODES: Mapping[Reason, grpc.StatusCode] = MappingProxyType(
         Reason.UNPARSABLE_REQUEST: _C.INTERNAL,
         Reason.TENSOR_DATA_REQUIRED: _C.FAILED_PRECONDITION,
         Reason.UNKNOWN_QUANTIZER: _C.NOT_FOUND,
+        Reason.WRONG_ENVIRONMENT: _C.FAILED_PRECONDITION,
     }
 )
 

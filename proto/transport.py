@@ -1,6 +1,7 @@
 """Transport and security facts that the client and the server share, written once.
 
 * Where the service lives and what it is called: :data:`DEFAULT_ADDRESS`,
+  :data:`ENVIRONMENT_METADATA_KEY` (the header that routes a call to an environment),
   :data:`SERVICE_NAME`, and the largest gRPC message either side accepts,
   :data:`MAX_MESSAGE_BYTES`.
 * The partitioner hooks a client can call remotely: :data:`HOOKS` (the ``Partitioner``
@@ -38,6 +39,15 @@ SERVICE_NAME = "remote_partitioner.v1.RemotePartitioner"
 #: (gRPC's default is 4 MiB). Blobs travel in 1 MiB chunks; the room is for large programs'
 #: fingerprints and for error trailers carrying a remote traceback.
 MAX_MESSAGE_BYTES = 64 << 20
+
+#: The request header that names the environment a call is for (see
+#: ``ListPartitionersResponse.environments``); the front door routes calls by it, and a call
+#: without it goes to the default environment.
+ENVIRONMENT_METADATA_KEY = "x-remote-partitioner-environment"
+
+#: What an environment's name may be: it travels as a header value and names a Kubernetes
+#: Service suffix, so lowercase letters, digits and ``-``, starting with a letter.
+ENVIRONMENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 # ---------------------------------------------------------------------------------- hooks
 

@@ -1,6 +1,9 @@
 """Build the server image (deploy/Dockerfile) on a machine that reaches only package registries.
 
-``make image`` runs this. Three steps:
+``make image`` runs this; ``make image-arm`` runs it with ``--extra arm`` in ``.venv-arm`` (the
+Arm environment's server: the wheelhouse is that environment's, ``build/image/wheels-arm``);
+``make image-router`` with ``--router`` (the front door: Debian's nginx on the same base,
+deploy/router/Dockerfile; no wheelhouse). Three steps:
 
 1. The base image. ``--base`` (default ``python:3.11-slim``, the Dockerfile's default) is used
    if Docker has it or can pull it. Otherwise (Docker Hub unreachable) a Debian bookworm base is
@@ -103,12 +106,14 @@ def choose_base(base: str) -> str:
     return debian_base()
 
 
-def runtime_closure(project: str = PROJECT) -> dict[str, tuple[str, str]]:
+def runtime_closure(
+    project: str = PROJECT, extras: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, str]]:
     """{canonical name: (distribution name, installed version)} of ``project``'s runtime
-    dependencies (no extras), transitively, as installed in this environment; ``project``
-    itself left out."""
+    dependencies (with ``extras``), transitively, as installed in this environment;
+    ``project`` itself left out."""
     found: dict[str, tuple[str, str]] = {}
-    todo: list[tuple[str, frozenset[str]]] = [(project, frozenset())]
+    todo: list[tuple[str, frozenset[str]]] = [(project, extras)]
     visited: set[tuple[str, frozenset[str]]] = set()
     while todo:
         name, extras = todo.pop()
@@ -145,23 +150,29 @@ def build_backend_requirements() -> list[str]:
     return pinned
 
 
-def make_wheelhouse() -> list[str]:
-    """Fill :data:`WHEELHOUSE` (wheels already there are kept); return the pins written to its
-    ``requirements.txt``."""
-    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    closure = runtime_closure()
+def wheelhouse_for(extras: frozenset[str]) -> Path:
+    """The wheelhouse of the image with ``extras``: :data:`WHEELHOUSE`, suffixed by them."""
+    return WHEELHOUSE.with_name("-".join([WHEELHOUSE.name, *sorted(extras)]))
+
+
+def make_wheelhouse(extras: frozenset[str] = frozenset()) -> list[str]:
+    """Fill :func:`wheelhouse_for` ``extras`` (wheels already there are kept); return the pins
+    written to its ``requirements.txt``."""
+    wheelhouse = wheelhouse_for(extras)
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    closure = runtime_closure(extras=extras)
     pins = sorted(f"{name}=={version}" for name, version in closure.values())
     wanted = pins + build_backend_requirements()
-    (WHEELHOUSE / "requirements.txt").write_text("".join(f"{p}\n" for p in pins))
+    (wheelhouse / "requirements.txt").write_text("".join(f"{p}\n" for p in pins))
     build_pins = wanted[len(pins):]
-    (WHEELHOUSE / "build-requirements.txt").write_text("".join(f"{p}\n" for p in build_pins))
+    (wheelhouse / "build-requirements.txt").write_text("".join(f"{p}\n" for p in build_pins))
     # pip wheel: a wheel the index has is downloaded (one already in the folder is reused), an
     # sdist-only package is built here (same interpreter version as the image's).
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(WHEELHOUSE),
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheelhouse),
          "--progress-bar", "off", *wanted])
     # Stale versions from an earlier .venv go: one wheel per pinned package.
     pinned = {canonicalize_name(n): Version(v) for n, v in closure.values()}
-    for wheel in WHEELHOUSE.glob("*.whl"):
+    for wheel in wheelhouse.glob("*.whl"):
         name, version, _, _ = parse_wheel_filename(wheel.name)
         if name in pinned and version != pinned[name]:
             wheel.unlink()
@@ -175,19 +186,33 @@ def main(argv: list[str] | None = None) -> int:
                              "when the default cannot be pulled)")
     parser.add_argument("--tag", default=DEFAULT_TAG)
     parser.add_argument("--no-cache", action="store_true", help="docker build --no-cache")
+    parser.add_argument("--extra", action="append", default=[], metavar="EXTRA",
+                        help="install the project with this extra (its wheelhouse is this "
+                        "environment's, build/image/wheels-EXTRA): arm for the Arm server")
+    parser.add_argument("--router", action="store_true",
+                        help="build the front door's image instead (deploy/router/Dockerfile)")
     args = parser.parse_args(argv)
     if shutil.which("docker") is None:
         raise SystemExit("docker is not installed")
+    started = time.monotonic()
+    if args.router:
+        base = choose_base(args.base)
+        cmd = ["docker", "build", "-f", "deploy/router/Dockerfile",
+               "--build-arg", f"BASE_IMAGE={base}", "-t", args.tag]
+        run([*cmd, *(["--no-cache"] if args.no_cache else []), "deploy/router"], cwd=ROOT)
+        print(f"built {args.tag} on {base} in {time.monotonic() - started:.0f} s", flush=True)
+        return 0
     if sys.version_info[:2] != (3, 11):
         # The wheelhouse is the host's pip's choice for the host's Python; the image's is 3.11
         # (python:3.11-slim, or Debian bookworm's).
         raise SystemExit(f"make image needs a Python 3.11 .venv (this is "
                          f"{sys.version_info[0]}.{sys.version_info[1]}): PYTHON=python3.11")
-    started = time.monotonic()
     base = choose_base(args.base)
-    pins = make_wheelhouse()
+    extras = frozenset(args.extra)
+    pins = make_wheelhouse(extras)
     cmd = ["docker", "build", "-f", "deploy/Dockerfile", "--build-arg", f"PYTHON_IMAGE={base}",
-           "-t", args.tag]
+           "--build-arg", f"WHEELHOUSE={wheelhouse_for(extras).relative_to(ROOT)}",
+           "--build-arg", f"EXTRAS={','.join(sorted(extras))}", "-t", args.tag]
     if args.no_cache:
         cmd.append("--no-cache")
     run([*cmd, "."], cwd=ROOT)

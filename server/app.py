@@ -22,6 +22,7 @@ from remote_partitioner.proto.transport import MAX_MESSAGE_BYTES, SERVICE_NAME
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.backend_registry import BackendRegistry
 from remote_partitioner.server.blobstore import Blobs, BlobStore
+from remote_partitioner.server.environments import Environment, EnvironmentInterceptor
 from remote_partitioner.server.instance import PartitionerInstance, versions_key
 from remote_partitioner.server.quantizers import QuantizerRegistry, default_quantizers
 from remote_partitioner.server.registry import Registry, default_registry
@@ -166,6 +167,7 @@ def create_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
     share_port: bool = False,
+    environment: Environment | None = None,
 ) -> tuple[Server, int]:
     """Create (not start) a server for the service on ``address``; return it and its port.
 
@@ -177,7 +179,11 @@ def create_server(
     responses are cached in ``result_cache`` (default: a 256 MiB one; ``ResultCache(0)`` turns
     it off). ``io_threads`` threads hash, store and read blobs. ``backends`` are the backends
     ``Preprocess`` runs (default: the built-in ones and plugins), ``quantizers`` the quantizers
-    ``Quantize`` runs (default: the built-in ones and plugins).
+    ``Quantize`` runs (default: the built-in ones and plugins). ``environment`` names the
+    server's environment and its peers (default: the default environment, alone): calls whose
+    ``x-remote-partitioner-environment`` header names another environment are refused
+    (``WRONG_ENVIRONMENT``), and ``ListPartitioners`` lists the peers' entries too (see
+    :mod:`~remote_partitioner.server.environments`).
 
     The port is the server's alone: an address another socket holds is refused, whatever
     options that socket set (gRPC sets ``SO_REUSEPORT`` by default, which would let two
@@ -198,15 +204,19 @@ def create_server(
         quantizers if quantizers is not None else default_quantizers(),
     )
     handle = Server()
+    environment = environment if environment is not None else Environment()
 
     async def build() -> tuple[grpc.aio.Server, int]:
         # Innermost: request bytes that do not parse end INTERNAL after the other interceptors
         # (authentication first; observability records the call).
         server = grpc.aio.server(
             options=[*SERVER_OPTIONS, ("grpc.so_reuseport", int(share_port))],
-            interceptors=[*interceptors, UnparsableRequestInterceptor()],
+            interceptors=[*interceptors, EnvironmentInterceptor(environment.name),
+                          UnparsableRequestInterceptor()],
         )
-        servicer = RemotePartitionerServicer(instance, io_threads=io_threads)
+        servicer = RemotePartitionerServicer(
+            instance, io_threads=io_threads, environment=environment
+        )
         pb_grpc.add_RemotePartitionerServicer_to_server(servicer, server)
         health_servicer = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

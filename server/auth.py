@@ -19,7 +19,6 @@ import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import grpc
 
@@ -32,6 +31,7 @@ from remote_partitioner.proto.transport import (
     read_file_bytes,
     tokens_in_file,
 )
+from remote_partitioner.server.handlers import rejecting_handler
 from remote_partitioner.server.status import make_status
 
 logger = logging.getLogger(__name__)
@@ -152,31 +152,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if rejection is None:
             return handler
-        return _rejecting_handler(handler, method, rejection)
-
-
-def _rejecting_handler(
-    handler: grpc.RpcMethodHandler | None, method: str, status: grpc.Status
-) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s kind (unary-unary if unknown) that ends the call with
-    ``status``; it takes the request as raw bytes, so nothing is deserialized."""
-
-    async def reject(_request: Any, context: grpc.aio.ServicerContext) -> Any:
-        logger.warning(
-            "rejected %s from %s: %s", method, context.peer(), status.code.name  # type: ignore[attr-defined]
-        )
-        await context.abort(status.code, status.details, status.trailing_metadata)  # type: ignore[attr-defined]
-        raise AssertionError("abort returned")  # pragma: no cover
-
-    request_streaming = bool(handler is not None and handler.request_streaming)
-    response_streaming = bool(handler is not None and handler.response_streaming)
-    if request_streaming and response_streaming:
-        return grpc.stream_stream_rpc_method_handler(reject)
-    if request_streaming:
-        return grpc.stream_unary_rpc_method_handler(reject)
-    if response_streaming:
-        return grpc.unary_stream_rpc_method_handler(reject)
-    return grpc.unary_unary_rpc_method_handler(reject)
+        return rejecting_handler(handler, method, rejection)
 
 
 # ---------------------------------------------------------------------------------- TLS

@@ -110,6 +110,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     families = _families(args.backends)
     if isinstance(families, int):
         return families
+    environment = _environment(args, parser)
     registry = default_registry(plugins=not args.no_plugins, only=families)
     # Observability outermost, so that it also counts calls the token check refuses.
     interceptors = [
@@ -127,7 +128,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 directory=results_directory(args.blob_dir) if args.blob_dir else None,
             ),
             io_threads=args.threads, interceptors=interceptors, credentials=credentials,
-            share_port=args.share_port,
+            share_port=args.share_port, environment=environment,
         )
     except BindError as e:
         return _cannot_listen(args.address, str(e))
@@ -161,6 +162,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+#: The families hosted by servers in environments of their own (``make venv-FAMILY``).
+ENVIRONMENT_FAMILIES = ("arm", "openvino")
+
+
 def _families(value: str | None) -> list[str] | int | None:
     """``--backends``' families (None: every family that imports), each checked to be hosted
     here; or the exit status 2 after saying which one cannot be (and why)."""
@@ -176,12 +181,25 @@ def _families(value: str | None) -> list[str] | int | None:
             print(
                 f"remote-partitioner serve: --backends {family}: cannot be hosted here: "
                 f"{type(e).__name__}: {e}"
-                + (" (`make venv-arm` builds the Arm backends' environment)"
-                   if family == "arm" and isinstance(e, ImportError) else ""),
+                + (f" (`make venv-{family}` builds its environment)"
+                   if family in ENVIRONMENT_FAMILIES and isinstance(e, ImportError) else ""),
                 file=sys.stderr, flush=True,
             )
             return 2
     return families
+
+
+def _environment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """The server's ``Environment`` (``--environment``, ``--peer``); usage errors exit 2."""
+    from remote_partitioner.server.environments import Environment, parse_peer
+
+    try:
+        peers = dict(parse_peer(p) for p in args.peer)
+        if len(peers) != len(args.peer):
+            raise ValueError("an environment is named by two --peer flags")
+        return Environment(args.environment, peers)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def _cannot_listen(address: str, cause: str = "") -> int:
@@ -257,6 +275,18 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
                        "call, as ExecuTorch does, instead of once per process (same graphs and "
                        "random numbers either way; the memo makes a Vulkan call or a Core ML or "
                        "XNNPACK Quantize several times faster)")
+    envs = serve.add_argument_group(
+        "environments", "backends whose toolchains conflict run in servers of their own behind "
+        "one front door that routes by the x-remote-partitioner-environment header "
+        "(docs/environments.md)")
+    envs.add_argument("--environment", default="", metavar="NAME",
+                      help="this server's environment (e.g. arm); calls whose header names "
+                      "another are refused (default: the default environment, which calls "
+                      "without the header reach)")
+    envs.add_argument("--peer", action="append", default=[], metavar="NAME=TARGET",
+                      help="another environment's server (plaintext gRPC target), whose "
+                      "partitioners, backends and quantizers this server's ListPartitioners "
+                      "lists too, under NAME; repeatable")
     security = serve.add_argument_group("security")
     security.add_argument("--token-file",
                           help="require 'authorization: Bearer <token>' with a token from this "
@@ -316,6 +346,7 @@ def run_serve(args: argparse.Namespace, argv: Sequence[str],
         from remote_partitioner.server import workers
 
         _security(args, serve)  # refuse what one worker would refuse, before starting any
+        _environment(args, serve)
         if not workers.port_is_free(args.address):
             return _cannot_listen(args.address)
         return workers.supervise(list(argv), args.address, args.workers, args.blob_dir,

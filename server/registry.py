@@ -389,7 +389,9 @@ BUILTIN_BACKENDS: tuple[tuple[str, str], ...] = (
     ("xnnpack", "remote_partitioner.server.backends.xnnpack"),
     ("coreml", "remote_partitioner.server.backends.coreml"),
     ("vulkan", "remote_partitioner.server.backends.vulkan"),
+    ("webgpu", "remote_partitioner.server.backends.webgpu"),
     ("arm", "remote_partitioner.server.backends.arm"),
+    ("openvino", "remote_partitioner.server.backends.openvino"),
 )
 
 

@@ -35,6 +35,7 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server import lower_call
 from remote_partitioner.server.blobstore import BlobView
+from remote_partitioner.server.environments import Environment, merge_listings
 from remote_partitioner.server.instance import PartitionerInstance, TimeRemaining, chunks
 from remote_partitioner.server.status import abort
 
@@ -81,8 +82,12 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
         io_threads: threads of the pool that hashes, stores and looks up blobs.
     """
 
-    def __init__(self, instance: PartitionerInstance, *, io_threads: int = 4) -> None:
+    def __init__(
+        self, instance: PartitionerInstance, *, io_threads: int = 4,
+        environment: Environment | None = None,
+    ) -> None:
         self.instance = instance
+        self.environment = environment if environment is not None else Environment()
         limits = instance.limits
         self.idle_seconds = limits.stream_idle_seconds
         self._hooks = concurrent.futures.ThreadPoolExecutor(
@@ -170,7 +175,8 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
     async def ListPartitioners(
         self, request: pb.ListPartitionersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPartitionersResponse:
-        return await self._run(context, self._io, self.instance.list_partitioners)
+        own = await self._run(context, self._io, self.instance.list_partitioners)
+        return await merge_listings(own, self.environment, context.invocation_metadata() or ())
 
     # ------------------------------------------------------------------ blobs
 

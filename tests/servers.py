@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 #: Seconds a server process may take to print its address and report SERVING (its imports
@@ -183,3 +184,95 @@ def serve_process(
     of 127.0.0.1, SERVING; yields (process, target, log) and stops it on exit."""
     with served(launch(log, *args, env=env, python=python), pattern) as s:
         yield s
+
+
+# --------------------------------------------------------------------------------------------
+# The front door: Debian's nginx routing by environment
+# (deploy/k8s/overlays/environments/nginx.conf)
+
+#: The front door's configuration: the file deploy/k8s/overlays/environments mounts.
+ROUTER_CONF = (Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "overlays"
+               / "environments" / "nginx.conf")
+
+
+#: A loopback address nothing listens on (port 1, tcpmux: privileged and unused).
+CLOSED_PORT = "127.0.0.1:1"
+
+
+def front_door_config(listen: str, upstreams: Mapping[str, str]) -> str:
+    """:data:`ROUTER_CONF` with its ``listen`` address replaced by ``listen`` and each
+    ``upstream env_NAME``'s server by ``upstreams[NAME]`` ("default" for the default
+    environment), or, for an environment ``upstreams`` does not name, by a loopback port
+    nothing listens on (:data:`CLOSED_PORT`: calls routed there are answered UNAVAILABLE);
+    nothing else changes."""
+    text = ROUTER_CONF.read_text()
+    text, n = re.subn(r"(?m)^(\s*listen )\S+( http2;)$", rf"\g<1>{listen}\g<2>", text)
+    assert n == 1, "the configuration's listen line changed shape"
+    named = set(re.findall(r"upstream env_(\w+) {", text))
+    assert set(upstreams) <= named, f"no upstreams {set(upstreams) - named} in {ROUTER_CONF}"
+    upstreams = {**{name: CLOSED_PORT for name in named}, **upstreams}
+    for name, target in upstreams.items():
+        text, n = re.subn(rf"(upstream env_{name} {{ server )\S+(;)", rf"\g<1>{target}\g<2>", text)
+        assert n == 1, f"no upstream env_{name} in {ROUTER_CONF}"
+    left = re.findall(r"upstream env_\w+ { server (\S+);", text)
+    assert all(t.startswith("127.0.0.1:") for t in left), f"upstreams not replaced: {left}"
+    return text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def front_door(directory: Path, upstreams: Mapping[str, str]) -> Iterator[str]:
+    """Debian's nginx with :func:`front_door_config` on a free loopback port, in the
+    foreground; yields its target once it accepts connections and stops it on exit
+    (SIGQUIT: graceful, then killed after :data:`STOP_SECONDS`).
+
+    Without nginx (``apt-get install nginx-light``; ``.ci/run`` installs it) the calling test
+    is skipped, or failed when ``CI`` is true.
+    """
+    nginx = "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        missing = f"{nginx}: Debian's nginx is not installed (nginx-light)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but {missing}")
+        pytest.skip(missing)
+    directory.mkdir(parents=True, exist_ok=True)
+    for attempt in range(5):
+        listen = f"127.0.0.1:{_free_port()}"
+        conf = directory / "nginx.conf"
+        conf.write_text(front_door_config(listen, upstreams))
+        log = (directory / "error.log").open("w")
+        proc = subprocess.Popen(
+            [nginx, "-p", str(directory), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"],
+            stdout=log, stderr=log,
+        )
+        host, port = listen.rsplit(":", 1)
+        deadline = time.monotonic() + 10
+        up = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex((host, int(port))) == 0:
+                    up = True
+                    break
+            time.sleep(0.05)
+        if up and proc.poll() is None:
+            break
+        proc.kill()
+        proc.wait(STOP_SECONDS)
+        log.close()
+        if attempt == 4:
+            raise RuntimeError(f"nginx did not start: {(directory / 'error.log').read_text()}")
+    try:
+        yield listen
+    finally:
+        proc.send_signal(3)  # SIGQUIT: graceful shutdown
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_SECONDS)
+        log.close()

@@ -12,6 +12,9 @@ Each lowering runs in a fresh process (``tests/arm_flow.py``), as a user's scrip
 * a client in the main environment (no Arm package installed at all, a newer flatbuffers) gets
   the same program: equal after ExecuTorch's own deserializer reads both files (the flatbuffers
   envelope is written by the client's flatbuffers, as any local lowering there would write it);
+* through one address (the front door, deploy/k8s/overlays/environments/nginx.conf, before
+  a main-environment server that lists the Arm server as its peer), the same: calls for Arm's
+  partitioners and quantizer carry the environment header and reach the Arm server;
 * the bias ``derive_qparams_fn`` the client runs in place of Arm's (it cannot import Arm's)
   computes Arm's bits;
 * what Vela prints (its network summary) stays out of the server's stdout and, at the default
@@ -33,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import launch, served
+from flows import run_flow
+from servers import front_door, launch, serve_process, served
 
 pytestmark = pytest.mark.slow  # fresh processes that import the Arm toolchain: minutes
 
@@ -68,22 +72,14 @@ def arm_server(arm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """A server in the Arm environment hosting the Arm family only, on a free loopback port:
     (target, its Launched, its stderr log)."""
     log = tmp_path_factory.mktemp("arm-server") / "server.log"
-    launched = launch(log, "--backends", "arm", python=arm_python)
+    launched = launch(log, "--backends", "arm", "--environment", "arm", python=arm_python)
     with served(launched) as (_, target, _):
         yield target, launched, log
 
 
 def _flow(python: str, mode: str, jobs: list[dict[str, Any]], target: str = "") -> Any:
-    """Run tests/arm_flow.py; its summary (Arm modules loaded, generator states)."""
-    out = subprocess.run(
-        [python, str(FLOW), mode, json.dumps(jobs), target],
-        capture_output=True, text=True, timeout=FLOW_SECONDS,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert out.returncode == 0, f"{mode}: {out.stderr[-4000:]}"
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    summary["stdout"] = out.stdout
-    return summary
+    """Run tests/arm_flow.py; its summary (Arm modules loaded, generator states, stdout)."""
+    return run_flow(python, FLOW, mode, jobs, target)
 
 
 def _jobs(tmp_path: Path, tag: str, cases: list[tuple[str, str, dict[str, Any], bool]]) -> Any:
@@ -196,3 +192,36 @@ def test_the_clients_bias_functions_compute_arms_bits(arm_python: str) -> None:
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(results) == 6 and len({r[0] for r in results}) == 2
     assert all(r[1:] == [True, True, True] for r in results), results
+
+
+def test_one_address_serves_the_arm_environment(
+    arm_python: str, arm_server: Any, tmp_path: Path
+) -> None:
+    """A main-environment server (XNNPACK) that lists the Arm server as its peer, Debian's
+    nginx with the project's front-door configuration before both, and the client without the
+    toolchain pointed at the front door: the local bytes, as against the Arm server itself."""
+    cases = [CASES[1], CASES[4]]  # TOSA FP (linear), Ethos-U55 quantized (conv)
+    local = _jobs(tmp_path, "local", cases)
+    front = _jobs(tmp_path, "front", cases)
+    log = tmp_path / "main.log"
+    peer = f"arm={arm_server[0]}"
+    with serve_process(log, "--backends", "xnnpack", "--peer", peer) as (_, main_target, _), \
+            front_door(tmp_path / "nginx",
+                       {"default": main_target, "arm": arm_server[0]}) as target:
+        listed = subprocess.run(
+            [sys.executable, "-m", "remote_partitioner.cli", "list", "--target", target],
+            capture_output=True, text=True, timeout=FLOW_SECONDS,
+        )
+        want = _flow(arm_python, "local", local)
+        got = _flow(arm_python, "remote", front, target)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[1].startswith("environment arm: server ")
+    for name in ("arm_tosa", "ethos_u55", "ethos_u85"):
+        assert any(line.startswith(f"{name}  ") and line.endswith("[environment arm]")
+                   for line in lines), name
+    assert any(line.startswith("xnnpack  XnnpackBackend") for line in lines)
+    assert got["arm_modules_loaded"] == []
+    assert got["rng_after"] == want["rng_after"]
+    for a, b in zip(local, front, strict=True):
+        assert Path(a["out"]).read_bytes() == Path(b["out"]).read_bytes(), (a["name"], a["model"])

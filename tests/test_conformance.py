@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import conformance_script
 
 ROOT = Path(__file__).resolve().parent.parent
-#: (flows, -k expression, more arguments): five operator tests over XNNPACK (float and
-#: quantized), Core ML and quantized Vulkan, in two processes sharing the server as `make
+#: (flows, -k expression, more arguments): six operator tests over XNNPACK (float and
+#: quantized), Core ML, quantized Vulkan and WebGPU, in two processes sharing the server as `make
 #: conformance` runs; and Vulkan's with the backend's preprocess on the server too (it draws
 #: from the random generator). The bidirectional LSTM the suite found
 #: is tests/test_conformance_regressions.py's; Core ML's quantized flow is left to
@@ -23,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Vulkan with the quantize stage remote too (``--remote-quantizer``) on an add, a linear and a
 #: conv (Vulkan's default quantizer quantizes linear weights only; XNNPACK's all three).
 SUBSET: tuple[tuple[list[str], str, list[str]], ...] = (
-    # Four flows in one run (each run starts by importing the suite and every backend).
-    (["xnnpack", "xnnpack_static_int8_per_tensor", "coreml", "vulkan_static_int8_per_channel"],
+    # Five flows in one run (each run starts by importing the suite and every backend).
+    (["xnnpack", "xnnpack_static_int8_per_tensor", "coreml", "vulkan_static_int8_per_channel",
+      "webgpu"],
      "(test_add_f32_alpha and not int8_per_tensor) or (test_conv2d_basic and xnnpack)",
      ["--jobs", "2"]),
     (["vulkan"], "test_add_f32_alpha", ["--remote-preprocess"]),
@@ -53,8 +55,8 @@ def test_conformance_subset(
     result = json.loads(out.read_text())
     compared = result["comparisons"]
     assert compared, proc.stdout[-3000:]
-    conformance = _conformance_module()
-    suffix = conformance.flow_suffix(  # type: ignore[attr-defined]
+    conformance = conformance_script()
+    suffix = conformance.flow_suffix(
         remote_quantizer="--remote-quantizer" in more,
         remote_preprocess="--remote-preprocess" in more)
     assert {c["flow"] for c in compared} == {f + suffix for f in flows}, proc.stdout[-3000:]
@@ -80,7 +82,7 @@ def test_conformance_subset(
         jobs = int(more[more.index("--jobs") + 1])
         complete = [json.loads(line)["test"] for line in out.with_suffix(".jsonl")
                     .read_text().splitlines() if '"complete"' in line]
-        assert len(complete) == len(set(complete)) == 5, complete
+        assert len(complete) == len(set(complete)) == 6, complete
         assert {c["test"] for c in compared} == set(complete)
         assert all(f"[{i}/{jobs}] " in proc.stdout for i in range(1, jobs + 1)), proc.stdout
         assert not list(tmp_path.glob("*.shard*.json"))  # merged, then removed
@@ -102,11 +104,13 @@ def test_remote_quantizer_spec_is_derived_from_the_quantizer_object() -> None:
         get_symmetric_quantization_config,
     )
 
-    conformance = _conformance_module()
-    spec_of = conformance.quantizer_spec  # type: ignore[attr-defined]
+    conformance = conformance_script()
+    spec_of = conformance.quantizer_spec
     flows = all_flows()
     specs = {}
-    for name in conformance.QUANTIZING_FLOWS:  # type: ignore[attr-defined]
+    for name in conformance.QUANTIZING_FLOWS:
+        if name not in conformance.HOSTED_FLOWS:  # another environment's (test_openvino.py)
+            continue
         flow = flows[name]
         if flow.quantize_stage_factory is not None:  # what the suite's runner quantizes with
             stage = flow.quantize_stage_factory()
@@ -123,7 +127,7 @@ def test_remote_quantizer_spec_is_derived_from_the_quantizer_object() -> None:
         "vulkan_static_int8_per_channel": ("vulkan", {}),
     }
     assert {f for f, flow in flows.items() if flow.quantize and f in
-            conformance.HOSTED_FLOWS} == set(specs)  # type: ignore[attr-defined]
+            conformance.HOSTED_FLOWS} == set(specs)
     config = get_symmetric_quantization_config
     for quantizer in (
         XNNPACKQuantizer().set_global(config(True)),  # positional: another cache entry
@@ -159,22 +163,10 @@ def test_a_test_that_times_out_stops_the_run(server_address: str, tmp_path: Path
     assert len(timed_out) == 1 and lines[-1]["test"] == timed_out[0], lines
     stopped_at = timed_out[0]
     assert f"stopped after {stopped_at} timed out" in proc.stdout, proc.stdout[-3000:]
-    log = _conformance_module().read_log([out.with_suffix(".jsonl")])  # type: ignore[attr-defined]
+    log = conformance_script().read_log([out.with_suffix(".jsonl")])
     assert stopped_at not in {t["test"] for t in log["complete"]}, log
     assert stopped_at in {t["test"] for t in log["uncompared"]}, log
     assert not [c for c in log["comparisons"] if c["test"] == stopped_at], log
-
-
-def _conformance_module() -> object:
-    import importlib.util
-
-    path = ROOT / "scripts" / "conformance.py"
-    spec = importlib.util.spec_from_file_location("rp_conformance_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_coreml_counter_named_operations_compare_by_position() -> None:
@@ -183,7 +175,7 @@ def test_coreml_counter_named_operations_compare_by_position() -> None:
     suite's ``convnext_small``, four lowerings from coremltools' fresh state, four programs).
     ``normalize_coreml`` renumbers exactly those names, by first appearance, and leaves every
     other difference: other numbers, and ExecuTorch's own node names."""
-    normalize = _conformance_module().normalize_coreml  # type: ignore[attr-defined]
+    normalize = conformance_script().normalize_coreml
 
     def program(*names: str) -> bytes:  # protobuf string fields, as the MIL program holds names
         return b"".join(b"\x0a" + bytes([len(n)]) + n.encode() for n in names)
@@ -212,7 +204,7 @@ def test_coreml_maps_compare_in_any_order_among_other_bytes() -> None:
     """Across processes, runs of protobuf map entries (the Core ML model's metadata, a MIL
     operation's inputs and attributes) compare in any order, nested too, wherever they sit among
     other bytes (weights: random bytes, where tags occur by chance), and nothing else does."""
-    sorted_entries = _conformance_module()._sorted_entries  # type: ignore[attr-defined]
+    sorted_entries = conformance_script()._sorted_entries
     rng = random.Random(0)
     noise = bytes(rng.randrange(256) for _ in range(1 << 16))
 
@@ -242,7 +234,7 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     interrupted before it completed, one that failed without a comparison (a process a
     pytest-timeout left broken fails every later test before it lowers anything), and one that
     timed out."""
-    conformance = _conformance_module()
+    conformance = conformance_script()
 
     def comparison(test: str, identical: bool, subtest: int = 0) -> dict[str, object]:
         side = {"result": "SUCCESS", "lower_seconds": 1.0}
@@ -269,14 +261,14 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     second.write_text("\n".join(json.dumps(x) for x in [
         comparison("t1[xnnpack]", True), complete("t1[xnnpack]"),
         comparison(model, True), complete(model)]))
-    log = conformance.read_log([first, second])  # type: ignore[attr-defined]
+    log = conformance.read_log([first, second])
     assert sorted(c["test"] for c in log["comparisons"]) == [
         "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]", model]
     assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]", "t6[xnnpack]"]
-    text, differing = conformance.summarize_logs(  # type: ignore[attr-defined]
+    text, differing = conformance.summarize_logs(
         [first, second], ["xnnpack"])
     assert differing == 0, text
-    rows = conformance.log_table(log, ["xnnpack"])  # type: ignore[attr-defined]
+    rows = conformance.log_table(log, ["xnnpack"])
     assert list(rows) == ["xnnpack, operators", "xnnpack, models"]
     assert {k: rows["xnnpack, operators"][k] for k in ("complete", "tests", "identical")} == {
         "complete": 3, "tests": 4, "identical": 4}
@@ -284,7 +276,7 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
         "complete": 1, "tests": 1, "identical": 1}
     assert ("timed out or failed without a comparison (not complete, --resume reruns them): "
             "xnnpack, operators 2") in text
-    _, differing = conformance.summarize_logs([first], ["xnnpack"])  # type: ignore[attr-defined]
+    _, differing = conformance.summarize_logs([first], ["xnnpack"])
     assert differing == 1
 
 
@@ -318,7 +310,7 @@ def test_memoized_quantizer_pattern_graphs_quantize_the_same(backend: str) -> No
     import torch
 
     utils, name, install, tester_class, fewest = _quantizer_memo_case(backend)
-    conformance = _conformance_module()
+    conformance = conformance_script()
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:
@@ -378,10 +370,10 @@ def test_results_table_states_what_the_logs_hold() -> None:
     comparisons identical to local) says what the logs in ``conformance/results`` hold, as
     ``--summary`` counts them, and has a row for every flow and suite they hold. (It reads the
     work tree: a run appending to those logs makes it fail until the table says so too.)"""
-    conformance = _conformance_module()
+    conformance = conformance_script()
     logs = sorted((ROOT / "conformance" / "results").glob("*.jsonl"))
     assert logs
-    table = conformance.log_table(conformance.read_log(logs), [])  # type: ignore[attr-defined]
+    table = conformance.log_table(conformance.read_log(logs), [])
     ran = {label: row for label, row in table.items() if row["complete"]}
     doc = (ROOT / "docs" / "conformance.md").read_text().split("\n## Results\n", 1)[1]
     rows = {}

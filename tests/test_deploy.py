@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import posixpath
 import re
 import shutil
 import socket
@@ -24,6 +25,7 @@ from certs import Certs, make_certs
 from conftest import modules_loaded_by
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from remote_partitioner.proto.transport import ENVIRONMENT_METADATA_KEY
 from remote_partitioner.server import probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,7 +174,8 @@ def _names(paths: list[Path]) -> list[str]:
 
 def test_every_kustomization_is_found() -> None:
     assert _names(vd.find_kustomizations()) == [
-        "deploy/k8s/base", "deploy/k8s/overlays/shared-blobs", "deploy/k8s/overlays/tls",
+        "deploy/k8s/base", "deploy/k8s/overlays/environments",
+        "deploy/k8s/overlays/shared-blobs", "deploy/k8s/overlays/tls",
     ]
 
 
@@ -182,7 +185,8 @@ def test_kustomization_is_valid(folder: str) -> None:
     kinds = sorted(r["kind"] for r in rendering.resources)
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
             "NetworkPolicy", "ServiceAccount"} <= set(kinds)
-    assert kinds.count("Service") == 2
+    # The environments overlay adds the Arm and OpenVINO servers' Services and the router's.
+    assert kinds.count("Service") == (5 if folder.endswith("/environments") else 2)
     assert vd.validate_schemas(rendering.resources, rendering.name) == []
     assert vd.check_rendering(rendering) == []
 
@@ -328,6 +332,259 @@ def test_schemas_are_strict(base: Any) -> None:
     assert any("'bogus' was unexpected" in e for e in errors)
     assert vd.validate_schemas([{"apiVersion": "v1", "kind": "NoSuchKind",
                                  "metadata": {"name": "x"}}], "x") != []
+
+
+# ------------------------------------------------------------ the environments overlay
+
+
+ENVIRONMENTS = ROOT / "deploy/k8s/overlays/environments"
+ROUTER_CONF_MOUNT = "/etc/remote-partitioner-router/nginx.conf"
+
+
+def _deployment(rendering: Any, name: str) -> dict[str, Any]:
+    (dep,) = [d for d in rendering.of_kind("Deployment") if d["metadata"]["name"] == name]
+    deployment: dict[str, Any] = dep
+    return deployment
+
+
+def _container(rendering: Any, name: str) -> dict[str, Any]:
+    container: dict[str, Any] = _deployment(rendering, name)["spec"]["template"]["spec"][
+        "containers"][0]
+    return container
+
+
+def _pod_labels(rendering: Any, name: str) -> dict[str, str]:
+    labels: dict[str, str] = _deployment(rendering, name)["spec"]["template"]["metadata"][
+        "labels"]
+    return labels
+
+
+@pytest.fixture()
+def environments() -> Any:
+    return copy.deepcopy(vd.render(ENVIRONMENTS))
+
+
+def test_router_config_map_is_nginx_conf_byte_for_byte(environments: Any) -> None:
+    """The router runs the very file the tests run: the generated ConfigMap (its name hashed
+    from the content, and the volume following the rename) holds nginx.conf unchanged, mounted
+    where nginx -c reads it."""
+    (config_map,) = environments.of_kind("ConfigMap")
+    assert config_map["metadata"]["name"].startswith("remote-partitioner-router-")
+    assert config_map["data"]["nginx.conf"].encode("utf-8") == (
+        ENVIRONMENTS / "nginx.conf").read_bytes()
+    router = _deployment(environments, "remote-partitioner-router")
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+    container = _container(environments, "remote-partitioner-router")
+    assert [*container["command"], *container["args"]] == [
+        "nginx", "-p", "/tmp/nginx", "-c", ROUTER_CONF_MOUNT, "-e", "stderr", "-g", "daemon off;"]
+    assert {"name": "config", "mountPath": posixpath.dirname(ROUTER_CONF_MOUNT),
+            "readOnly": True} in container["volumeMounts"]
+    assert container["image"] == "registry.example.com/remote-partitioner-router:0.1.0"
+    assert container["ports"] == [{"name": "grpc", "containerPort": 8080, "protocol": "TCP"}]
+    pod = router["spec"]["template"]["spec"]
+    assert router["spec"]["replicas"] == 2
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (
+        101, 101)
+
+
+def test_default_server_lists_the_other_environments(environments: Any) -> None:
+    """The base's Deployment, with two arguments more: --peer arm=remote-partitioner-arm:50051
+    and --peer openvino=remote-partitioner-openvino:50051 (every base argument kept, in its
+    order)."""
+    base = vd.render(ROOT / "deploy/k8s/base")
+    args = _container(environments, "remote-partitioner")["args"]
+    assert args == [*_server(base)["args"], "--peer=arm=remote-partitioner-arm:50051",
+                    "--peer=openvino=remote-partitioner-openvino:50051"]
+    assert sum(a.startswith("--peer") for a in args) == 2
+    parsed = vd.parse_serve_args(args).namespace
+    assert parsed is not None
+    assert parsed.peer == ["arm=remote-partitioner-arm:50051",
+                           "openvino=remote-partitioner-openvino:50051"]
+    assert parsed.environment == ""
+    # Nothing else of the base's Deployment changes.
+    _container(environments, "remote-partitioner")["args"] = _server(base)["args"]
+    assert _deployment(environments, "remote-partitioner") == _deployment(
+        base, "remote-partitioner")
+
+
+@pytest.mark.parametrize("family", ["arm", "openvino"])
+def test_environment_server_runs_its_environment(environments: Any, family: str) -> None:
+    base = _server(vd.render(ROOT / "deploy/k8s/base"))
+    server = _container(environments, f"remote-partitioner-{family}")
+    assert server["command"] == ["remote-partitioner", "serve"]
+    parsed = vd.parse_serve_args(server["args"]).namespace
+    assert parsed is not None
+    assert (parsed.backends, parsed.environment, parsed.peer) == (family, family, [])
+    assert parsed.address == "0.0.0.0:50051"
+    assert parsed.token_file == "/etc/remote-partitioner/token/tokens"
+    assert server["image"] == f"registry.example.com/remote-partitioner-{family}:0.1.0"
+    for same in ("securityContext", "readinessProbe", "livenessProbe", "startupProbe",
+                 "volumeMounts", "ports", "lifecycle"):
+        assert server[same] == base[same], same
+
+
+def test_each_service_selects_exactly_its_deployment(environments: Any) -> None:
+    """Above all: the base's Services (and its PDB and NetworkPolicy) select neither the Arm
+    or OpenVINO servers' pods nor the router's."""
+    labels = {d["metadata"]["name"]: _pod_labels(environments, d["metadata"]["name"])
+              for d in environments.of_kind("Deployment")}
+
+    def selected(selector: dict[str, str]) -> set[str]:
+        return {name for name, pod in labels.items()
+                if all(pod.get(k) == v for k, v in selector.items())}
+
+    assert {s["metadata"]["name"]: selected(s["spec"]["selector"])
+            for s in environments.of_kind("Service")} == {
+        "remote-partitioner": {"remote-partitioner"},
+        "remote-partitioner-headless": {"remote-partitioner"},
+        "remote-partitioner-arm": {"remote-partitioner-arm"},
+        "remote-partitioner-openvino": {"remote-partitioner-openvino"},
+        "remote-partitioner-router": {"remote-partitioner-router"},
+    }
+    for kind, path in (("PodDisruptionBudget", ("selector", "matchLabels")),
+                       ("NetworkPolicy", ("podSelector", "matchLabels"))):
+        for r in environments.of_kind(kind):
+            selector = r["spec"][path[0]][path[1]]
+            assert selected(selector) == {r["metadata"]["name"]}, (kind, r["metadata"]["name"])
+    (router_service,) = [s for s in environments.of_kind("Service")
+                         if s["metadata"]["name"] == "remote-partitioner-router"]
+    assert router_service["spec"]["ports"] == [
+        {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP"}]
+
+
+def test_network_policies_let_the_calls_through(environments: Any) -> None:
+    """Labelled clients reach the router; the router reaches both servers; the default server
+    reaches the Arm server (its listing); an unlabelled pod reaches none of them."""
+    policies = environments.of_kind("NetworkPolicy")
+    default, arm, router = (_pod_labels(environments, n) for n in (
+        "remote-partitioner", "remote-partitioner-arm", "remote-partitioner-router"))
+    client = {"app": "my-client", "remote-partitioner/client": "true"}
+    stranger = {"app": "stranger"}
+    grpc_port = {"grpc": 50051}
+
+    def allowed(target: dict[str, str], source: dict[str, str], port: int,
+                names: dict[str, int]) -> bool:
+        return bool(vd._policies_allow(policies, "Ingress", target, source, port, names))
+
+    assert allowed(router, client, 8080, {"grpc": 8080})
+    assert allowed(default, router, 50051, grpc_port)
+    assert allowed(arm, router, 50051, grpc_port)
+    assert allowed(arm, default, 50051, grpc_port)
+    for target, port in ((router, 8080), (default, 50051), (arm, 50051)):
+        assert not allowed(target, stranger, port, {})
+    assert not allowed(arm, default, 9090, {})  # metrics: the monitoring namespace only
+
+
+def test_catches_an_arm_server_without_read_only_root(environments: Any) -> None:
+    """Every Deployment gets the hardening checks, not only the base's."""
+    assert _errors(environments) == ""
+    _container(environments, "remote-partitioner-arm")["securityContext"][
+        "readOnlyRootFilesystem"] = False
+    _container(environments, "remote-partitioner-router")["securityContext"]["capabilities"][
+        "drop"] = []
+    errors = _errors(environments)
+    assert ("Deployment remote-partitioner-arm: container server: readOnlyRootFilesystem is "
+            "not true") in errors
+    assert "Deployment remote-partitioner-router: container router: capabilities do not drop " \
+        "ALL" in errors
+
+
+def test_catches_arm_pods_the_base_service_would_select(environments: Any) -> None:
+    arm = _deployment(environments, "remote-partitioner-arm")
+    arm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] = "remote-partitioner"
+    arm["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = (
+        "remote-partitioner")
+    errors = _errors(environments)
+    assert ("Service remote-partitioner selects the pods of 2 Deployments "
+            "(remote-partitioner, remote-partitioner-arm)") in errors
+    assert "PodDisruptionBudget remote-partitioner covers the pods of 2 Deployments" in errors
+    assert "Deployment remote-partitioner: its selector also matches Deployment " \
+        "remote-partitioner-arm's pods" in errors
+
+
+def test_catches_calls_that_reach_the_wrong_environment(environments: Any) -> None:
+    """An Arm server without --environment arm: the listing's peer and the router's route for
+    `arm` both reach a server of the default environment."""
+    args = _container(environments, "remote-partitioner-arm")["args"]
+    args.remove("--environment=arm")
+    errors = _errors(environments)
+    assert ("--peer arm=remote-partitioner-arm:50051: Deployment remote-partitioner-arm behind "
+            "it serves the default environment, not 'arm'") in errors
+    assert ("nginx.conf routes x-remote-partitioner-environment: 'arm' to upstream env_arm, "
+            "whose server remote-partitioner-arm:50051 is Deployment remote-partitioner-arm: "
+            "the default environment") in errors
+
+
+def test_catches_calls_the_network_policies_refuse(environments: Any) -> None:
+    """The router unlabelled as a client, and the Arm server's policy without the default
+    server: the calls they make are refused."""
+    del _pod_labels(environments, "remote-partitioner-router")["remote-partitioner/client"]
+    (arm_policy,) = [n for n in environments.of_kind("NetworkPolicy")
+                     if n["metadata"]["name"] == "remote-partitioner-arm"]
+    arm_policy["spec"]["ingress"][0]["from"] = arm_policy["spec"]["ingress"][0]["from"][:1]
+    errors = _errors(environments)
+    for caller, call, callee in (
+        ("remote-partitioner-router", "nginx upstream env_default remote-partitioner:50051",
+         "remote-partitioner"),
+        ("remote-partitioner-router", "nginx upstream env_arm remote-partitioner-arm:50051",
+         "remote-partitioner-arm"),
+        ("remote-partitioner", "--peer arm=remote-partitioner-arm:50051",
+         "remote-partitioner-arm"),
+    ):
+        assert (f"Deployment {caller}: {call}: the NetworkPolicies do not let its pods reach "
+                f"Deployment {callee}'s port 50051") in errors
+
+
+def test_catches_a_router_that_would_exit_or_drop_calls(environments: Any) -> None:
+    router = _container(environments, "remote-partitioner-router")
+    router["args"] = router["args"][:-2]  # no -g 'daemon off;'
+    del router["lifecycle"]
+    router["readinessProbe"]["tcpSocket"]["port"] = 50051
+    router["volumeMounts"] = [m for m in router["volumeMounts"] if m["name"] != "prefix"]
+    errors = _errors(environments)
+    assert "nginx runs as a daemon (no -g 'daemon off;')" in errors
+    assert "no preStop hook sends nginx SIGQUIT" in errors
+    assert "readinessProbe checks port 50051, nginx listens on 8080" in errors
+    assert "nginx -p /tmp/nginx is not an emptyDir" in errors
+
+
+def test_catches_a_broken_copy_of_nginx_conf(manifests: Path) -> None:
+    """The validator reads the configuration from kubectl's rendering of the ConfigMap: an
+    upstream on a port its Service lacks, a listen port the container does not expose."""
+    conf = manifests / "overlays/environments/nginx.conf"
+    text = conf.read_text(encoding="utf-8")
+    text = text.replace("server remote-partitioner-arm:50051;",
+                        "server remote-partitioner-arm:50052;")
+    text = text.replace("listen 0.0.0.0:8080 http2;", "listen 0.0.0.0:8081 http2;")
+    conf.write_text(text, encoding="utf-8")
+    errors = "\n".join(vd.check_rendering(vd.render(manifests / "overlays/environments")))
+    assert "nginx upstream env_arm remote-partitioner-arm:50052: Service " \
+        "remote-partitioner-arm has no port 50052" in errors
+    assert "nginx listens on port 8081, which is not a container port" in errors
+
+
+def test_nginx_conf_is_read_as_nginx_reads_it() -> None:
+    config = vd.parse_nginx_conf(
+        "# a comment\nhttp {\n  map $http_x_remote_partitioner_environment $u {\n"
+        '    default "";\n    "" env_default; "arm" env_arm;  # routes\n  }\n'
+        "  upstream env_arm { server arm:50051; keepalive 16; }\n"
+        "  server { listen 8080 http2; add_header grpc-message 'a # b; {c}' always; }\n}\n")
+    (http,) = config
+    assert [d.name for d in http.block or ()] == ["map", "upstream", "server"]
+    assert vd._header_routes(config) == {"": "env_default", "arm": "env_arm"}
+    (server,) = http.children("server")
+    assert server.children("add_header")[0].args == ("grpc-message", "a # b; {c}", "always")
+    assert vd._nginx_address("8080") == ("", 8080)
+    assert vd._nginx_address("[::]:8080") == ("::", 8080)
+    for broken in ("http {", "}", "daemon off", "a 'b;"):
+        with pytest.raises(vd.DeployError):
+            vd.parse_nginx_conf(broken)
+    assert vd.parse_nginx_args(["-p", "/tmp/nginx", "-cconf", "-q"]) == (
+        {"-p": "/tmp/nginx", "-c": "conf", "-q": ""}, "")
+    assert vd.parse_nginx_args(["-x"])[1] == 'invalid option: "-x"'
+    assert vd.parse_nginx_args(["-c"])[1] == 'option "-c" requires a value'
+    assert vd.ENVIRONMENT_HEADER == ENVIRONMENT_METADATA_KEY
 
 
 # ------------------------------------------- overlays rendered by kubectl: what the checks catch

@@ -201,7 +201,7 @@ class _Client(RemotePartitioner):
         self.calls: dict[str, CallRecord] = {}
         self._plain_metadata: tuple[tuple[str, str], ...] = tuple(self._metadata)
 
-    def _rpc(self, method: Callable[..., Any], request: Any) -> Any:
+    def _rpc(self, method: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
         call_id = f"l{self.lowering}-{len(self.calls)}"
         self._metadata = (*self._plain_metadata, ("x-request-id", call_id))
         start, code = time.monotonic(), "OK"
@@ -209,7 +209,7 @@ class _Client(RemotePartitioner):
             _OUTSTANDING[call_id] = self.lowering
         _LOCAL_WORK.release()
         try:
-            return super()._rpc(method, request)
+            return super()._rpc(method, request, **kwargs)
         except BaseException as e:
             code = getattr(getattr(e, "code", None), "name", type(e).__name__)
             raise

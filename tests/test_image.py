@@ -21,7 +21,10 @@ local ones (Core ML after the conformance normalization), and so does a ``.pt2``
 the ``Lower`` RPC (the CLI's ``lower``); the processes run as 10001 and nothing is written
 outside /tmp; ``docker stop`` during a lowering: it completes and the container exits 0 within
 the grace period; three containers behind one multi-address target, one killed during a batch:
-every lowering byte-identical; the TLS overlay's container serves TLS to a client with the CA.
+every lowering byte-identical; the TLS overlay's container serves TLS to a client with the CA;
+the environments overlay's three containers (the default server, the Arm environment's server
+of ``make image-arm`` and the front door of ``make image-router``) on one Docker network serve
+every environment through the front door, Arm lowerings equal to local ones in ``.venv-arm``.
 
 Without Docker (or without the image) the tests skip, saying why; with ``CI=true`` they fail.
 Every container carries the label :data:`LABEL` with this session's id and is removed at the
@@ -59,17 +62,19 @@ from certs import _ca, _cert_pem, _leaf  # (tests/ is on sys.path)
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from executorch.exir import to_edge_transform_and_lower
+from flows import run_flow
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from models import small_models
 
 from remote_partitioner.client import RemotePartitioner
+from remote_partitioner.client.errors import RemotePartitionerError
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from build_image import runtime_closure
 
-from conformance import normalize_coreml
+from conformance import normalize_coreml, normalize_openvino
 
 pytestmark = pytest.mark.image
 
@@ -134,11 +139,16 @@ def docker_ready() -> Iterator[None]:
 # ---------------------------------------------------------------------------- manifests
 
 
-def rendered_deployment(kustomization: str) -> dict[str, Any]:
-    """The Deployment of ``kubectl kustomize <kustomization>``."""
+def rendered(kustomization: str) -> list[dict[str, Any]]:
+    """The objects of ``kubectl kustomize <kustomization>``."""
     out = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / kustomization)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    (deployment,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def rendered_deployment(kustomization: str) -> dict[str, Any]:
+    """The Deployment of ``kubectl kustomize <kustomization>`` (which renders one only)."""
+    (deployment,) = [d for d in rendered(kustomization) if d["kind"] == "Deployment"]
     return deployment
 
 
@@ -182,9 +192,14 @@ class Container:
         return info
 
 
-def docker_run_args(deployment: dict[str, Any], secret_dirs: dict[str, Path]) -> list[str]:
-    """``docker run`` arguments (after ``run``) that run the Deployment's only container as the
-    pod spec says; ``secret_dirs``: for each Secret the pod mounts, a folder holding its keys."""
+def docker_run_args(
+    deployment: dict[str, Any], secret_dirs: dict[str, Path], image: str = IMAGE,
+    network: tuple[str, str] | None = None,
+) -> list[str]:
+    """``docker run`` arguments (after ``run``) that run the Deployment's only container of
+    ``image`` as the pod spec says; ``secret_dirs``: for each Secret or ConfigMap the pod
+    mounts, a folder holding its keys; ``network``: (a Docker network, the container's alias
+    on it: the name of the Service that selects its pods)."""
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     pod_sc, sc = pod.get("securityContext", {}), container.get("securityContext", {})
@@ -192,6 +207,8 @@ def docker_run_args(deployment: dict[str, Any], secret_dirs: dict[str, Path]) ->
     gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
     assert uid is not None and gid is not None, "the manifest names no uid/gid"
     args = ["-d", "--label", f"{LABEL}={SESSION}", "--user", f"{uid}:{gid}"]
+    if network is not None:
+        args += ["--network", network[0], "--network-alias", network[1]]
     fs_group = pod_sc.get("fsGroup")
     if fs_group is not None:
         args += ["--group-add", str(fs_group)]
@@ -228,6 +245,11 @@ def docker_run_args(deployment: dict[str, Any], secret_dirs: dict[str, Path]) ->
                 os.chmod(path, mode)
             ro = ":ro" if mount.get("readOnly") else ""
             args += ["-v", f"{folder}:{mount['mountPath']}{ro}"]
+        elif "configMap" in volume:
+            folder = secret_dirs[volume["configMap"]["name"]]
+            for path in [folder, *folder.iterdir()]:
+                os.chmod(path, 0o755 if path.is_dir() else 0o644)
+            args += ["-v", f"{folder}:{mount['mountPath']}:ro"]
         else:
             raise AssertionError(f"volume kind not run by these tests: {volume}")
     ports = [port["containerPort"] for port in container.get("ports", [])]
@@ -245,8 +267,10 @@ def docker_run_args(deployment: dict[str, Any], secret_dirs: dict[str, Path]) ->
         args += ["--health-cmd", shlex.join(probe["exec"]["command"])]
     if "terminationGracePeriodSeconds" in pod:
         args += ["--stop-timeout", str(pod["terminationGracePeriodSeconds"])]
-    command = container["command"]
-    return [*args, "--entrypoint", command[0], IMAGE, *command[1:], *container.get("args", [])]
+    command = container.get("command")
+    if not command:  # the image's entrypoint, with the container's args
+        return [*args, image, *container.get("args", [])]
+    return [*args, "--entrypoint", command[0], image, *command[1:], *container.get("args", [])]
 
 
 def health_status(target: str, credentials: grpc.ChannelCredentials | None = None,
@@ -300,14 +324,19 @@ def run_container(
     args = docker_run_args(rendered_deployment(kustomization), secret_dirs)
     cid = _docker("run", *args).strip()
     try:
-        ports = {}
-        for line in _docker("port", cid).splitlines():  # "50051/tcp -> 127.0.0.1:49153"
-            inner, _, outer = line.partition(" -> ")
-            ports[int(inner.split("/")[0])] = outer.strip()
-        assert all(p.startswith("127.0.0.1:") for p in ports.values()), ports
-        yield Container(cid, ports, token, token_file)
+        yield Container(cid, _published(cid), token, token_file)
     finally:
         _docker("rm", "-f", cid, check=False)
+
+
+def _published(cid: str) -> dict[int, str]:
+    """The container's published ports: containerPort -> "127.0.0.1:hostport"."""
+    ports = {}
+    for line in _docker("port", cid).splitlines():  # "50051/tcp -> 127.0.0.1:49153"
+        inner, _, outer = line.partition(" -> ")
+        ports[int(inner.split("/")[0])] = outer.strip()
+    assert all(p.startswith("127.0.0.1:") for p in ports.values()), ports
+    return ports
 
 
 @pytest.fixture(scope="module")
@@ -575,10 +604,10 @@ HOOK_RPCS = ("Partition", "OpsToNotDecompose", "TransformForPreDecomposition")
 class _Client(RemotePartitioner):
     """A ``RemotePartitioner`` that lets other client threads work during its RPCs."""
 
-    def _rpc(self, method: Any, request: Any) -> Any:
+    def _rpc(self, method: Any, request: Any, **kwargs: Any) -> Any:
         _LOCAL_WORK.release()
         try:
-            return super()._rpc(method, request)
+            return super()._rpc(method, request, **kwargs)
         finally:
             _LOCAL_WORK.acquire()
 
@@ -695,3 +724,147 @@ def test_tls_overlay(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, container.inspect()["State"]["Health"]
             time.sleep(1)
 
+
+
+# ------------------------------------------------------------- environments behind one address
+
+IMAGE_ARM = os.environ.get("RP_IMAGE_ARM", "remote-partitioner-arm:0.1.0")
+IMAGE_OPENVINO = os.environ.get("RP_IMAGE_OPENVINO", "remote-partitioner-openvino:0.1.0")
+IMAGE_ROUTER = os.environ.get("RP_IMAGE_ROUTER", "remote-partitioner-router:0.1.0")
+ARM_PYTHON = Path(os.environ.get("ARM_PYTHON", ROOT / ".venv-arm" / "bin" / "python"))
+OPENVINO_PYTHON = Path(
+    os.environ.get("OPENVINO_PYTHON", ROOT / ".venv-openvino" / "bin" / "python"))
+#: Each environment's lowering script (tests/arm_flow.py, tests/openvino_flow.py) and Python.
+FLOWS = {"arm": (ARM_PYTHON, Path(__file__).with_name("arm_flow.py")),
+         "openvino": (OPENVINO_PYTHON, Path(__file__).with_name("openvino_flow.py"))}
+ENVIRONMENTS = "deploy/k8s/overlays/environments"
+
+
+def _selects(service: dict[str, Any], deployment: dict[str, Any]) -> bool:
+    labels = deployment["spec"]["template"]["metadata"].get("labels", {})
+    selector = service["spec"].get("selector") or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _flow(environment: str, mode: str, jobs: list[dict[str, Any]], target: str = "",
+          token: str = "") -> dict[str, Any]:
+    python, script = FLOWS[environment]
+    return run_flow(python, script, mode, jobs, target, token)
+
+
+def test_environments_overlay(tmp_path: Path) -> None:
+    """deploy/k8s/overlays/environments run as it says: the default server's image, the Arm
+    and OpenVINO environments' (``make image-arm image-openvino``) and the front door's (``make
+    image-router``), each container on one Docker network under the names of the Services that
+    select its pods, the router's configuration from the rendered ConfigMap. Through the
+    router's one address: the listing names every environment; an XNNPACK lowering equals the
+    local one; a client with Arm's toolchain blocked quantizes and lowers for TOSA and
+    Ethos-U55 and gets the bytes of a local lowering in the Arm environment; one with
+    OpenVINO's blocked quantizes and lowers for OpenVINO and gets the local program (up to
+    OpenVINO's counter-made names, ``normalize_openvino``); and the default server, reached
+    directly, refuses a call for the Arm environment (WRONG_ENVIRONMENT)."""
+    objects = rendered(ENVIRONMENTS)
+    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
+    images = {"remote-partitioner": IMAGE, "remote-partitioner-arm": IMAGE_ARM,
+              "remote-partitioner-openvino": IMAGE_OPENVINO,
+              "remote-partitioner-router": IMAGE_ROUTER}
+    assert set(deployments) == set(images)
+    for image in images.values():
+        if subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                          timeout=60, check=False).returncode != 0:
+            pytest.fail(f"the image {image} is not built "
+                        "(make image image-arm image-openvino image-router)")
+    for environment, (python, _) in FLOWS.items():
+        if not python.exists():
+            pytest.fail(f"the {environment} environment is missing: {python} "
+                        f"(make venv-{environment})")
+    aliases: dict[str, list[str]] = {name: [] for name in deployments}
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selected = [n for n, d in deployments.items() if _selects(service, d)]
+        assert len(selected) <= 1, (service["metadata"]["name"], selected)
+        if selected:
+            aliases[selected[0]].append(service["metadata"]["name"])
+    token = secrets.token_urlsafe(24)
+    token_dir = tmp_path / "token"
+    token_dir.mkdir()
+    (token_dir / "tokens").write_text(token + "\n")
+    token_file = tmp_path / "client-token"
+    token_file.write_text(token + "\n")
+    mounted = {"remote-partitioner-token": token_dir}
+    for config in (o for o in objects if o["kind"] == "ConfigMap"):
+        folder = tmp_path / config["metadata"]["name"]
+        folder.mkdir()
+        for key, value in config.get("data", {}).items():
+            (folder / key).write_text(value)
+        mounted[config["metadata"]["name"]] = folder
+    network = f"rp-environments-{SESSION}"
+    _docker("network", "create", "--label", f"{LABEL}={SESSION}", network)
+    started: dict[str, Container] = {}
+    try:
+        for name in ("remote-partitioner-arm", "remote-partitioner-openvino", "remote-partitioner",
+                     "remote-partitioner-router"):
+            run_args = docker_run_args(deployments[name], mounted, images[name])
+            at = run_args.index(images[name])
+            names = [a for alias in aliases[name] for a in ("--network-alias", alias)]
+            run_args[at:at] = ["--network", network, *names]
+            cid = _docker("run", *run_args).strip()
+            started[name] = Container(cid, _published(cid), token, token_file)
+        for name in ("remote-partitioner-arm", "remote-partitioner-openvino",
+                     "remote-partitioner"):
+            wait_serving(started[name])
+        router = started["remote-partitioner-router"]
+        (port,) = router.ports
+        router_target = router.ports[port]
+        deadline = time.monotonic() + STARTUP_S
+        while health_status(router_target) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, router.logs()[-4000:]
+            time.sleep(0.5)
+
+        listed = _cli("list", "--target", router_target, "--token-file", str(token_file))
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert lines[1].startswith("environment arm: server "), lines[:3]
+        assert lines[2].startswith("environment openvino: server "), lines[:3]
+        for hosted, environment in (("arm_tosa", "arm"), ("ethos_u55", "arm"),
+                                    ("ethos_u85", "arm"), ("openvino", "openvino")):
+            assert any(line.startswith(f"{hosted}  ")
+                       and line.endswith(f"[environment {environment}]")
+                       for line in lines), hosted
+        assert any(line.startswith("xnnpack  XnnpackBackend") for line in lines)
+
+        remote = _lower(_export("mlp"), RemotePartitioner(
+            router_target, "xnnpack", token=token, timeout=LOWER_TIMEOUT_S))
+        assert remote == local_pte("mlp", "xnnpack")
+
+        jobs = {mode: [
+            {"name": "arm_tosa", "spec": {}, "quantize": False, "model": "linear",
+             "out": str(tmp_path / f"{mode}-tosa.pte")},
+            {"name": "ethos_u55", "spec": {"extra_flags": "--arena-cache-size=2097152"},
+             "quantize": True, "model": "conv", "out": str(tmp_path / f"{mode}-u55.pte")},
+        ] for mode in ("local", "remote")}
+        want = _flow("arm", "local", jobs["local"])
+        got = _flow("arm", "remote", jobs["remote"], router_target, token)
+        assert got["arm_modules_loaded"] == [] and got["rng_after"] == want["rng_after"]
+        for a, b in zip(jobs["local"], jobs["remote"], strict=True):
+            assert Path(a["out"]).read_bytes() == Path(b["out"]).read_bytes(), a["name"]
+
+        jobs = {mode: [
+            {"spec": {}, "quantize": True, "model": "conv",
+             "out": str(tmp_path / f"{mode}-openvino.pte")},
+        ] for mode in ("local", "remote")}
+        want = _flow("openvino", "local", jobs["local"])
+        got = _flow("openvino", "remote", jobs["remote"], router_target, token)
+        assert got["openvino_modules_loaded"] == [] and got["rng_after"] == want["rng_after"]
+        for a, b in zip(jobs["local"], jobs["remote"], strict=True):
+            assert normalize_openvino(Path(a["out"]).read_bytes()) == normalize_openvino(
+                Path(b["out"]).read_bytes())
+
+        direct = RemotePartitioner(started["remote-partitioner"].target, "ethos_u55",
+                                   token=token, timeout=LOWER_TIMEOUT_S)
+        with pytest.raises(RemotePartitionerError) as e:
+            _lower(_export("mlp"), direct)
+        assert e.value.reason == "WRONG_ENVIRONMENT", e.value
+    finally:
+        for container in started.values():
+            _docker("rm", "-f", container.id, check=False)
+        _docker("network", "rm", network, check=False)

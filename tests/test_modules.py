@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from functools import reduce
 from typing import Any
 
 import pytest
@@ -71,6 +72,16 @@ class Buffers(torch.nn.Module):
         return x * self.scale + self.shift, y - x
 
 
+class InPlaceConstant(torch.nn.Module):
+    """An in-place operator (kept by torch.export's training dialect) and a ``torch.tensor``
+    constant in ``forward`` (``.module()``'s plain attribute ``lifted_tensor_0``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.unsqueeze(0)
+        y.squeeze_(0)
+        return y * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+
 def _seeded(cls: type[torch.nn.Module]) -> torch.nn.Module:
     torch.manual_seed(0)
     return cls().eval()
@@ -97,6 +108,8 @@ def _client(
         model, inputs = _seeded(Scalars), (torch.randn(2, 6),)
     elif name == "buffers":
         model, inputs = _seeded(Buffers), (torch.randn(3, 6), torch.randn(3, 6))
+    elif name == "in_place_constant":
+        model, inputs = _seeded(InPlaceConstant), (torch.randn(2, 6),)
     elif name == "dynamic":
         model, inputs = _seeded(Linear), (torch.randn(4, 6),)
         dynamic = ({0: torch.export.Dim("batch", min=2, max=64)},)
@@ -186,7 +199,7 @@ def _calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 
 
-MODELS = ["conv_bn_relu", "linear", "scalars", "buffers", "dead", "dynamic"]
+MODELS = ["conv_bn_relu", "linear", "scalars", "buffers", "dead", "dynamic", "in_place_constant"]
 
 
 @pytest.mark.parametrize("guards", [True, False], ids=["guards", "no-guards"])
@@ -200,6 +213,9 @@ def test_module_round_trip(name: str, guards: bool) -> None:
         assert node.is_impure() and isinstance(server._guards_fn, modules.InertGuards)
     ours, theirs = client.state_dict(), server.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    for n in client.graph.find_nodes(op="get_attr"):  # constants are plain attributes there too
+        ours_t, theirs_t = (reduce(getattr, str(n.target).split("."), m) for m in (client, server))
+        assert type(theirs_t) is type(ours_t) and torch.equal(theirs_t, ours_t), n.target
     assert client._non_persistent_buffers_set == server._non_persistent_buffers_set
     torch.testing.assert_close(server(*inputs), client(*inputs), rtol=0, atol=0)
     if name == "dynamic":

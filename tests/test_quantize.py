@@ -57,6 +57,26 @@ def sequential() -> torch.nn.Module:
     return torch.nn.Sequential(features, torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
 
 
+class InPlaceAndConstant(torch.nn.Module):
+    """What export leaves in a module that the first lifting refused, though the local
+    quantizer takes it: in-place operators (``squeeze_``, as ExecuTorch's LSTM tests have, and
+    ``index_put_``), allowed by torch.export's training dialect, and a ``torch.tensor``
+    constant in ``forward`` (``.module()``'s plain attribute ``lifted_tensor_0``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.lin = torch.nn.Linear(4 * 6 * 6, 5)
+        self.register_buffer("rows", torch.tensor([0, 1]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(torch.relu(self.conv(x)).flatten(1)).unsqueeze(0)
+        y.squeeze_(0)
+        z = torch.zeros(3, 5)
+        z.index_put_((self.rows,), y)
+        return (y + z[:2]) * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+
+
 def _local_quantizer(name: str, spec: dict[str, Any]) -> Quantizer:
     if name == "xnnpack":
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -138,6 +158,7 @@ CONFIGS = [
     ("xnnpack", {"is_per_channel": True, "is_dynamic": True}, ConvBnLinear),
     ("vulkan", {}, ConvBnLinear),
     ("xnnpack", {"is_per_channel": True}, sequential),
+    ("xnnpack", {"is_per_channel": True}, InPlaceAndConstant),
 ]
 
 
@@ -459,20 +480,32 @@ def test_steps_called_one_by_one() -> None:
         assert len(remote._pending) == 0
 
 
-def test_a_training_module_is_refused_clearly(server_address: str) -> None:
-    """A module exported in training mode (for QAT) updates batch norm's buffers in place
-    (``add_``), which the lifted program cannot state yet: refused before any call, with the
-    operator named, not answered differently."""
+def test_qat_gives_the_local_program(server_address: str) -> None:
+    """QAT: a module exported in training mode updates batch norm's buffers in place
+    (``add_``), which torch.export's training dialect allows; ``prepare_qat_pt2e`` with the
+    remote quantizer, training steps and ``convert_pt2e`` give the local prepared and converted
+    code, tensors and generator state."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
-    from remote_partitioner.client.errors import RemotePartitionerError
+    def qat(quantizer: Quantizer) -> tuple[str, str, dict[str, torch.Tensor], torch.Tensor]:
+        torch.manual_seed(0)
+        gm = torch.export.export(ConvBnLinear().train(), (torch.randn(2, 3, 8, 8),)).module()
+        assert any(str(n.target) == "aten.add_.Tensor" for n in gm.graph.nodes)
+        prepared = prepare_qat_pt2e(gm, quantizer)  # type: ignore[arg-type]
+        for _ in range(3):
+            prepared(torch.randn(2, 3, 8, 8))
+        converted = convert_pt2e(prepared)
+        state = {k: v.clone() for k, v in converted.state_dict().items()}
+        return prepared.code, converted.code, state, torch.get_rng_state()
 
-    gm = torch.export.export(ConvBnLinear().train(), (torch.randn(2, 3, 8, 8),)).module()
-    quantizer = RemoteQuantizer(server_address, "xnnpack", {"is_qat": True})
-    with pytest.raises(RemotePartitionerError, match=r"aten\.add_\.Tensor") as e:
-        prepare_qat_pt2e(gm, quantizer)  # type: ignore[arg-type]
-    assert e.value.reason == "INVALID_PROGRAM"
-    assert quantizer.stats["calls"] == 1  # the listing only
+    spec = {"is_per_channel": True, "is_qat": True}
+    local = qat(_local_quantizer("xnnpack", spec))
+    remote = qat(RemoteQuantizer(server_address, "xnnpack", spec))
+    assert remote[:2] == local[:2]
+    assert remote[2].keys() == local[2].keys()
+    for k, v in local[2].items():
+        assert torch.equal(remote[2][k], v), k
+    assert torch.equal(remote[3], local[3])
 
 
 class _Mark(dict):  # type: ignore[type-arg]

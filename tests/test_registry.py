@@ -25,6 +25,7 @@ from executorch.backends.vulkan.serialization.vulkan_graph_schema import (
     VkStorageType,
 )
 from executorch.backends.vulkan.vulkan_preprocess import parse_compile_spec
+from executorch.backends.webgpu.partitioner import WebGPUPartitioner
 from executorch.backends.xnnpack.partition import xnnpack_partitioner
 from executorch.backends.xnnpack.partition.config.gemm_configs import (
     ConvolutionConfig,
@@ -217,8 +218,8 @@ def test_a_family_whose_toolchain_is_missing_is_left_out_at_info(
 def test_only_the_named_families_are_hosted() -> None:
     assert [h.name for h in builtin_partitioners(["vulkan", "xnnpack"])] == ["xnnpack", "vulkan"]
     assert default_registry(plugins=False, only=["coreml"]).names() == ["coreml"]
-    with pytest.raises(ValueError, match="no built-in backend family 'tosa'; built in: "
-                       "xnnpack, coreml, vulkan, arm"):
+    with pytest.raises(ValueError, match=r"no built-in backend family 'tosa'; built in: "
+                       r"xnnpack, coreml, vulkan, webgpu, arm, openvino$"):
         builtin_partitioners(["tosa"])
     registry.check_family("xnnpack")
     with pytest.raises(ModuleNotFoundError, match=r"tosa_serializer|ethosu"):
@@ -228,17 +229,20 @@ def test_only_the_named_families_are_hosted() -> None:
 def test_builtins_all_import_here(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
         builtins = builtin_partitioners()
-    assert [h.name for h in builtins] == ["xnnpack", "coreml", "vulkan"]
+    assert [h.name for h in builtins] == ["xnnpack", "coreml", "vulkan", "webgpu"]
     assert [r for r in caplog.records if r.name == registry.__name__] == []
     assert {h.name: (h.backend_id, h.partitioner_class) for h in builtins} == {
         "xnnpack": ("XnnpackBackend", XnnpackPartitioner),
         "coreml": ("CoreMLBackend", CoreMLPartitioner),
         "vulkan": ("VulkanBackend", VulkanPartitioner),
+        "webgpu": ("VulkanBackend", WebGPUPartitioner),
     }
     for h in builtins:
         built = h.create({})
         assert type(built) is h.partitioner_class
-        assert built.delegation_spec.backend_id == h.backend_id
+        # (WebGPU's partitions with the Vulkan partitioner it holds)
+        spec = getattr(built, "delegation_spec", None) or built._vulkan_partitioner.delegation_spec
+        assert spec.backend_id == h.backend_id
         assert h.description
         for key in h.spec_keys.values():
             assert key.doc and "\n" not in key.doc
@@ -263,7 +267,7 @@ def test_overridden_hooks_of_builtins(hosted: dict[str, HostedPartitioner]) -> N
     # Verified in the 1.5.1 sources: each defines partition itself; XNNPACK inherits
     # ops_to_not_decompose from ConfigerationBasedPartitioner; nobody overrides
     # transform_for_pre_decomposition.
-    for name in ("xnnpack", "coreml", "vulkan"):
+    for name in ("xnnpack", "coreml", "vulkan", "webgpu"):
         assert hosted[name].overridden_hooks() == ("partition", "ops_to_not_decompose")
 
 
@@ -568,6 +572,19 @@ CASES: list[
         lambda: VulkanPartitioner(nn_module_allowlist=["Attention"]),
         lambda p: p.nn_module_allowlist == {"Attention"},
     ),
+    # WebGPU takes Vulkan's keys (one table, test_cases_cover_every_spec_key) into the Vulkan
+    # partitioner it holds: the suite's flow restricts it to the WebGPU runtime's operators.
+    (
+        "webgpu",
+        {"skip_bool_tensors": True, "operator_allowlist": "aten.add.Tensor,et_vk.rms_norm"},
+        lambda: WebGPUPartitioner(
+            {"skip_bool_tensors": True},
+            operator_allowlist=[exir_ops.edge.aten.add.Tensor,
+                                exir_ops.edge.et_vk.rms_norm.default],
+        ),
+        lambda p: p._vulkan_partitioner.operator_allowlist == {
+            exir_ops.edge.aten.add.Tensor, exir_ops.edge.et_vk.rms_norm.default},
+    ),
 ]
 
 
@@ -592,6 +609,8 @@ def test_cases_cover_every_spec_key(hosted: dict[str, HostedPartitioner]) -> Non
     covered: dict[str, set[str]] = {name: set() for name in hosted}
     for name, spec, _, _ in CASES:
         covered[name] |= set(spec)
+    assert hosted["webgpu"].spec_keys == hosted["vulkan"].spec_keys  # one table: Vulkan's
+    covered["webgpu"] = covered["vulkan"]
     assert covered == {name: set(h.spec_keys) for name, h in hosted.items()}
 
 
@@ -616,7 +635,7 @@ def test_several_keys_combine_in_one_call(hosted: dict[str, HostedPartitioner]) 
 def test_explicit_defaults_of_flags_build_the_default(hosted: dict[str, HostedPartitioner]) -> None:
     for name, h in hosted.items():
         flags = {k.name: k.default for k in h.spec_keys.values() if k.type is bool}
-        if name == "vulkan":  # bool compile options always become compile specs
+        if name in ("vulkan", "webgpu"):  # bool compile options always become compile specs
             continue
         assert _state(h.create(flags)) == _state(h.create({}))
 
@@ -745,16 +764,16 @@ def test_spec_key_and_hosted_partitioner_reject_bad_declarations() -> None:
 
 def test_registry_lookup_and_unknown_name(hosted: dict[str, HostedPartitioner]) -> None:
     reg = Registry(hosted.values())
-    assert reg.names() == ["coreml", "vulkan", "xnnpack"]
+    assert reg.names() == ["coreml", "vulkan", "webgpu", "xnnpack"]
     assert [h.name for h in reg] == reg.names()
-    assert len(reg) == 3 and "vulkan" in reg and "foo" not in reg
+    assert len(reg) == 4 and "vulkan" in reg and "foo" not in reg
     assert reg.get("coreml") is hosted["coreml"]
     assert isinstance(reg.create("xnnpack", {"per_op_mode": True}), XnnpackPartitioner)
     with pytest.raises(UnknownPartitionerError) as info:
         reg.get("foo")
-    assert str(info.value) == "unknown partitioner 'foo'; hosted: coreml, vulkan, xnnpack"
+    assert str(info.value) == "unknown partitioner 'foo'; hosted: coreml, vulkan, webgpu, xnnpack"
     assert isinstance(info.value, KeyError)
-    with pytest.raises(UnknownPartitionerError, match="hosted: coreml, vulkan, xnnpack"):
+    with pytest.raises(UnknownPartitionerError, match="hosted: coreml, vulkan, webgpu, xnnpack"):
         reg.create("foo", {})
     assert str(UnknownPartitionerError("foo", [])) == "unknown partitioner 'foo'; hosted: (none)"
 
@@ -788,13 +807,13 @@ def test_plugins_load_through_entry_points(
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
         reg = default_registry()
-    assert reg.names() == ["coreml", "echo", "echo_a", "echo_b", "vulkan", "xnnpack"]
+    assert reg.names() == ["coreml", "echo", "echo_a", "echo_b", "vulkan", "webgpu", "xnnpack"]
     assert reg.get("xnnpack").partitioner_class is XnnpackPartitioner  # builtin kept
     assert "'xnnpack': name already taken" in caplog.text
     built = reg.create("echo", {"threshold": 2})
     assert isinstance(built, EchoPartitioner) and built.threshold == 2.0
 
-    assert default_registry(plugins=False).names() == ["coreml", "vulkan", "xnnpack"]
+    assert default_registry(plugins=False).names() == ["coreml", "vulkan", "webgpu", "xnnpack"]
     assert load_entry_points("remote_partitioner.no_such_group") == []
 
 

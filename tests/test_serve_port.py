@@ -116,16 +116,20 @@ def test_a_stopped_servers_port_is_free_again() -> None:
     assert port_is_free(address)
 
 
-def test_serve_refuses_a_backend_family_it_cannot_host(tmp_path: Path) -> None:
-    """`serve --backends arm` where tosa-tools is not installed (this environment) does not
-    start a server hosting less than it was told to: it exits 2 naming the family, the missing
-    module and the make target that builds its environment."""
-    code, stdout, stderr = serve(tmp_path, "--address", "127.0.0.1:0", "--backends", "arm")
+@pytest.mark.parametrize(("family", "missing"), [("arm", "tosa_serializer|ethosu"),
+                                                 ("openvino", "openvino|nncf")])
+def test_serve_refuses_a_backend_family_it_cannot_host(
+    tmp_path: Path, family: str, missing: str
+) -> None:
+    """`serve --backends arm` where tosa-tools is not installed (this environment; OpenVINO
+    likewise) does not start a server hosting less than it was told to: it exits 2 naming the
+    family, the missing module and the make target that builds its environment."""
+    code, stdout, stderr = serve(tmp_path, "--address", "127.0.0.1:0", "--backends", family)
     assert code == 2, (stdout, stderr[-2000:])
     assert "serving" not in stdout
     assert re.search(
-        r"remote-partitioner serve: --backends arm: cannot be hosted here: ModuleNotFoundError: "
-        r"No module named '(tosa_serializer|ethosu)' \(`make venv-arm` builds the Arm "
-        r"backends' environment\)",
+        rf"remote-partitioner serve: --backends {family}: cannot be hosted here: "
+        rf"ModuleNotFoundError: No module named '({missing})' \(`make venv-{family}` builds its "
+        r"environment\)",
         stderr,
     ), stderr[-2000:]

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._export.verifier import TrainingIRVerifier
 from torch.export import ExportedProgram
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from torch.export.graph_signature import (
@@ -211,7 +212,9 @@ def _owner(root: torch.nn.Module, parts: list[str], create: bool) -> torch.nn.Mo
 
 
 def _tensor_kind(root: torch.nn.Module, target: str) -> tuple[str, bool, torch.Tensor] | None:
-    """(kind, persistent, tensor) of the parameter or buffer at ``target``, else None."""
+    """(kind, persistent, tensor) of the parameter, buffer or plain tensor attribute
+    ("constant": what ``.module()`` makes of a constant torch.export lifted) at ``target``,
+    else None."""
     mod = _owner(root, target.split("."), create=False)
     if mod is None:
         return None
@@ -222,11 +225,21 @@ def _tensor_kind(root: torch.nn.Module, target: str) -> tuple[str, bool, torch.T
     b = mod._buffers.get(field)
     if b is not None:
         return "buffer", field not in mod._non_persistent_buffers_set, b
+    c = vars(mod).get(field)
+    if isinstance(c, torch.Tensor) and not isinstance(c, torch.nn.Parameter):
+        return "constant", False, c
     return None
 
 
 # --------------------------------------------------------------------------------------------
 # Lift (client)
+
+#: The program input a lifted attribute of each kind (:func:`_tensor_kind`) becomes.
+_INPUT_KINDS = {
+    "parameter": InputKind.PARAMETER,
+    "buffer": InputKind.BUFFER,
+    "constant": InputKind.CONSTANT_TENSOR,
+}
 
 
 def _attribute_names(gm: torch.nn.Module) -> list[str]:
@@ -275,7 +288,10 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
 
     * Every ``get_attr`` node reading a parameter or buffer becomes a placeholder of the same
       name before the user inputs (``InputSpec`` PARAMETER / BUFFER with the attribute's FQN and
-      persistent flag); the table's ``LiftedAttr`` records the node it followed in ``gm``.
+      persistent flag); the table's ``LiftedAttr`` records the node it followed in ``gm``. A
+      ``get_attr`` of a plain tensor attribute (a constant torch.export lifted, which
+      ``.module()`` sets as one: ``lifted_tensor_0``) becomes a CONSTANT_TENSOR placeholder,
+      its tensor one of the program's ``constants``.
     * Registered tensors no ``get_attr`` node reads become unused placeholders (after the
       lifted ones; named ``_unused_<fqn>``, made unique), absent from the table: the server
       registers them and adds no node.
@@ -317,14 +333,14 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
     nodes = list(source.graph.nodes)
 
     def add_tensor(kind: str, persistent: bool, target: str, t: torch.Tensor) -> None:
-        if kind == "buffer" and not persistent:
+        if kind == "constant" or (kind == "buffer" and not persistent):
             constants[target] = t
         else:
             state_dict[target] = t
 
     def spec(kind: str, persistent: bool, name: str, target: str) -> InputSpec:
         return InputSpec(
-            kind=InputKind.PARAMETER if kind == "parameter" else InputKind.BUFFER,
+            kind=_INPUT_KINDS[kind],
             arg=TensorArgument(name=name),
             target=target,
             persistent=persistent if kind == "buffer" else None,
@@ -339,7 +355,7 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
         if found is None:
             raise ProgramEncodeError(
                 f"node {node.name!r}: get_attr {target!r} does not read a registered parameter "
-                "or buffer"
+                "or buffer or a tensor attribute"
             )
         if target in read:
             raise ProgramEncodeError(f"node {node.name!r}: {target!r} is read by two nodes")
@@ -377,6 +393,7 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
                 pb.LiftedAttr(
                     name=node.name, target=target, after=previous,
                     parameter=kind == "parameter", persistent=persistent,
+                    constant=kind == "constant",
                 )
             )
         elif node.op == "placeholder":
@@ -454,6 +471,9 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
             ],
             example_inputs=None,
             constants=constants,
+            # torch.export's own dialect for what ``.module()`` came from: in-place operators
+            # (``squeeze_``, ``index_put_``) are allowed, as they are in the module.
+            verifiers=[TrainingIRVerifier],
         )
     except CodecError:
         raise
@@ -469,13 +489,16 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
 
 
 def _register(
-    root: torch.nn.Module, target: str, t: torch.Tensor, parameter: bool, persistent: bool
+    root: torch.nn.Module, target: str, t: torch.Tensor, kind: InputKind, persistent: bool
 ) -> None:
     parts = _check_path(target, "tensor target")
     owner = _owner(root, parts, create=True)
     if owner is None or hasattr(owner, parts[-1]):
         raise ProgramDecodeError(f"tensor target {target!r} is taken or not under a module")
-    if parameter:
+    if kind == InputKind.CONSTANT_TENSOR:
+        # As ``.module()`` sets a lifted constant: a plain attribute.
+        setattr(owner, parts[-1], t)
+    elif kind == InputKind.PARAMETER:
         if not isinstance(t, torch.nn.Parameter):
             t = torch.nn.Parameter(t, requires_grad=t.requires_grad)
         owner.register_parameter(parts[-1], t)
@@ -531,7 +554,8 @@ def unlift_program(
       at the table's positions, with the placeholders' meta;
     * the program's tensors (``ep.state_dict`` / ``ep.constants`` entries: real tensors, or the
       ``FakeTensor`` s a withheld decode made -- kept as given) are registered at their FQNs
-      on ``torch.nn.Module`` containers, as parameters or buffers with their persistent flag;
+      on ``torch.nn.Module`` containers, as parameters or buffers with their persistent flag,
+      or (CONSTANT_TENSOR inputs, which the table must name) as plain attributes;
       lifted tensors the table does not name (ones the client's graph does not read) are
       registered and get no node;
     * the guards call, if any, becomes a ``call_module`` node of the table's name, position and
@@ -566,13 +590,19 @@ def unlift_program(
             raise ProgramDecodeError(f"unlift table: no placeholder {attr.name!r} in the program")
         if attr.name in lifted:
             raise ProgramDecodeError(f"unlift table: {attr.name!r} is named twice")
-        want = InputKind.PARAMETER if attr.parameter else InputKind.BUFFER
+        if attr.constant and (attr.parameter or attr.persistent):
+            raise ProgramDecodeError(
+                f"unlift table: {attr.name!r} is a constant and a parameter or buffer"
+            )
+        want = _INPUT_KINDS[
+            "constant" if attr.constant else "parameter" if attr.parameter else "buffer"
+        ]
         if s.kind != want or s.target != attr.target:
             raise ProgramDecodeError(
                 f"unlift table: placeholder {attr.name!r} is {s.kind.name} {s.target!r} in the "
                 f"program, not {want.name} {attr.target!r}"
             )
-        if not attr.parameter and bool(s.persistent) != attr.persistent:
+        if want == InputKind.BUFFER and bool(s.persistent) != attr.persistent:
             raise ProgramDecodeError(f"unlift table: {attr.name!r}'s persistent flag differs")
         _check_path(attr.target, f"unlift table: {attr.name!r}'s target")
         lifted[attr.name] = attr
@@ -587,7 +617,7 @@ def unlift_program(
     # The tensors.
     root = torch.nn.Module()
     for s in ep.graph_signature.input_specs:
-        if s.kind not in (InputKind.PARAMETER, InputKind.BUFFER):
+        if s.kind not in _INPUT_KINDS.values():
             if s.kind != InputKind.USER_INPUT:
                 raise ProgramDecodeError(f"placeholder {s.arg.name!r} is {s.kind.name}: refused")
             continue
@@ -601,7 +631,11 @@ def unlift_program(
             raise ProgramDecodeError(
                 f"placeholder {s.arg.name!r} is used but the unlift table does not name it"
             )
-        _register(root, s.target, source[s.target], s.kind == InputKind.PARAMETER, persistent)
+        if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name not in lifted:
+            raise ProgramDecodeError(
+                f"constant {s.arg.name!r} is not read by the module: the unlift table must name it"
+            )
+        _register(root, s.target, source[s.target], s.kind, persistent)
 
     # The graph.
     base = [
@@ -667,6 +701,9 @@ def unlift_program(
         gm.register_parameter(name, p)
     for name, b in root._buffers.items():
         gm.register_buffer(name, b, persistent=name not in root._non_persistent_buffers_set)
+    for s in ep.graph_signature.input_specs:  # top-level constants: plain attributes of root
+        if s.kind == InputKind.CONSTANT_TENSOR and s.target is not None and "." not in s.target:
+            setattr(gm, s.target, getattr(root, s.target))
     if guards is not None and guards_module is not None:
         gm.add_module(GUARDS_NAME, guards_module)
     elif guards is not None:

@@ -354,7 +354,7 @@ class SpecKeyInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SpecType, str]] = ..., default: _Optional[_Union[SpecValue, _Mapping]] = ..., doc: _Optional[str] = ...) -> None: ...
 
 class PartitionerInfo(_message.Message):
-    __slots__ = ("name", "backend_id", "spec_keys", "overridden_hooks", "class_name", "description", "backend_module")
+    __slots__ = ("name", "backend_id", "spec_keys", "overridden_hooks", "class_name", "description", "backend_module", "environment")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,7 @@ class PartitionerInfo(_message.Message):
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_MODULE_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend_id: str
     spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
@@ -369,7 +370,8 @@ class PartitionerInfo(_message.Message):
     class_name: str
     description: str
     backend_module: str
-    def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ..., backend_module: _Optional[str] = ...) -> None: ...
+    environment: str
+    def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ..., backend_module: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class ServerVersions(_message.Message):
     __slots__ = ("torch", "executorch", "export_schema", "api", "server", "torchao")
@@ -388,18 +390,34 @@ class ServerVersions(_message.Message):
     def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ..., torchao: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
-    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers")
+    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers", "environment", "environments")
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_WITHHELD_TENSORS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZERS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
     versions: ServerVersions
     backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
     accepts_withheld_tensors: bool
     quantizers: _containers.RepeatedCompositeFieldContainer[QuantizerInfo]
-    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., quantizers: _Optional[_Iterable[_Union[QuantizerInfo, _Mapping]]] = ...) -> None: ...
+    environment: str
+    environments: _containers.RepeatedCompositeFieldContainer[EnvironmentInfo]
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., quantizers: _Optional[_Iterable[_Union[QuantizerInfo, _Mapping]]] = ..., environment: _Optional[str] = ..., environments: _Optional[_Iterable[_Union[EnvironmentInfo, _Mapping]]] = ...) -> None: ...
+
+class EnvironmentInfo(_message.Message):
+    __slots__ = ("name", "versions", "accepts_withheld_tensors", "error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_WITHHELD_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    versions: ServerVersions
+    accepts_withheld_tensors: bool
+    error: str
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class FindMissingBlobsRequest(_message.Message):
     __slots__ = ("digests",)
@@ -662,14 +680,16 @@ class ReportPartition(_message.Message):
     def __init__(self, id: _Optional[str] = ..., backend_id: _Optional[str] = ..., nodes: _Optional[int] = ...) -> None: ...
 
 class BackendInfo(_message.Message):
-    __slots__ = ("backend_id", "description", "module")
+    __slots__ = ("backend_id", "description", "module", "environment")
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     backend_id: str
     description: str
     module: str
-    def __init__(self, backend_id: _Optional[str] = ..., description: _Optional[str] = ..., module: _Optional[str] = ...) -> None: ...
+    environment: str
+    def __init__(self, backend_id: _Optional[str] = ..., description: _Optional[str] = ..., module: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class PreprocessRequest(_message.Message):
     __slots__ = ("backend_id", "multimethod", "methods", "rng_state")
@@ -784,20 +804,22 @@ class ExternalNamedData(_message.Message):
     def __init__(self, filename: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NamedDataEntry, _Mapping]]] = ...) -> None: ...
 
 class QuantizerInfo(_message.Message):
-    __slots__ = ("name", "class_name", "backend_id", "spec_keys", "description", "loads_quantized_kernels")
+    __slots__ = ("name", "class_name", "backend_id", "spec_keys", "description", "loads_quantized_kernels", "environment")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_KEYS_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     LOADS_QUANTIZED_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     class_name: str
     backend_id: str
     spec_keys: _containers.RepeatedCompositeFieldContainer[SpecKeyInfo]
     description: str
     loads_quantized_kernels: bool
-    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., description: _Optional[str] = ..., loads_quantized_kernels: _Optional[bool] = ...) -> None: ...
+    environment: str
+    def __init__(self, name: _Optional[str] = ..., class_name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., description: _Optional[str] = ..., loads_quantized_kernels: _Optional[bool] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class QuantizerRef(_message.Message):
     __slots__ = ("name", "spec")
@@ -820,18 +842,20 @@ class UnliftTable(_message.Message):
     def __init__(self, attrs: _Optional[_Iterable[_Union[LiftedAttr, _Mapping]]] = ..., guards: _Optional[_Union[GuardsCall, _Mapping]] = ..., attribute_names: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class LiftedAttr(_message.Message):
-    __slots__ = ("name", "target", "after", "parameter", "persistent")
+    __slots__ = ("name", "target", "after", "parameter", "persistent", "constant")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    CONSTANT_FIELD_NUMBER: _ClassVar[int]
     name: str
     target: str
     after: str
     parameter: bool
     persistent: bool
-    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., after: _Optional[str] = ..., parameter: _Optional[bool] = ..., persistent: _Optional[bool] = ...) -> None: ...
+    constant: bool
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., after: _Optional[str] = ..., parameter: _Optional[bool] = ..., persistent: _Optional[bool] = ..., constant: _Optional[bool] = ...) -> None: ...
 
 class GuardsCall(_message.Message):
     __slots__ = ("name", "target", "after", "args", "impure")

@@ -93,7 +93,9 @@ class RemotePartitionerServicer:
 
     def ListPartitioners(self, request, context):
         """Lists the hosted partitioners, their spec keys and overridden hooks, and the versions that
-        decide whether this server can reproduce a local lowering.
+        decide whether this server can reproduce a local lowering; with the other environments the
+        server knows (`serve --peer`), what they host too, asked of them at each call (an
+        environment that does not answer within 5 s is listed with its `error`).
 
         Status codes:
         * OK: always, unless the server is shutting down (UNAVAILABLE).

@@ -1,5 +1,6 @@
 """The built-in hosted partitioners and quantizers, one module per ExecuTorch backend (as
-ExecuTorch lays out ``executorch/backends/``): :mod:`.xnnpack`, :mod:`.coreml`, :mod:`.vulkan`.
+ExecuTorch lays out ``executorch/backends/``): :mod:`.xnnpack`, :mod:`.coreml`, :mod:`.vulkan`,
+:mod:`.webgpu`, and, each in an environment of its own, :mod:`.arm` and :mod:`.openvino`.
 
 Each module defines ``hosted() -> HostedPartitioner`` and may define ``hosted_quantizer() ->
 HostedQuantizer`` (the backend's PT2E quantizer, for the ``Quantize`` RPC); each imports its

@@ -4,7 +4,7 @@ keys, and the compile options they become) and ``VulkanQuantizer``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from executorch.exir.backend.partitioner import Partitioner
 
@@ -82,16 +82,16 @@ def _edge_ops(value: str) -> list[object]:
     return ops
 
 
-def hosted() -> HostedPartitioner:
-    """The hosted ``vulkan`` partitioner (imports ExecuTorch's Vulkan backend; raises if it
-    cannot be imported)."""
-    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+def partitioner_keys() -> dict[str, SpecKey]:
+    """The spec keys of ``VulkanPartitioner``'s arguments (``compile_options`` entries, then
+    its constructor's lists), which :func:`partitioner_arguments` turns into them; WebGPU's
+    partitioner takes the same (:mod:`.webgpu`). Imports ExecuTorch's Vulkan backend."""
     from executorch.backends.vulkan.serialization.vulkan_graph_schema import (
         VkMemoryLayout,
         VkStorageType,
     )
 
-    keys = key_table(
+    return key_table(
         # compile_options, read by the partitioner and/or VulkanBackend.preprocess
         SpecKey(
             "texture_limits",
@@ -153,14 +153,31 @@ def hosted() -> HostedPartitioner:
         list_key("nn_module_allowlist", "comma-separated nn.Module type name substrings to keep"),
     )
 
+
+def partitioner_arguments(
+    keys: Mapping[str, SpecKey], spec: Mapping[str, SpecValue]
+) -> dict[str, Any]:
+    """The keyword arguments of ``VulkanPartitioner`` (or ``WebGPUPartitioner``) a validated
+    spec describes: its constructor's lists, and ``compile_options`` holding the other keys in
+    the client's order (bool and enum options become compile specs in this order); none of
+    them when the spec is empty, as the no-argument constructor."""
+    args = constructor_arguments(keys, spec)
+    options = {k: v for k, v in args.items() if k not in _VULKAN_CONSTRUCTOR_KEYS}
+    kwargs = {k: v for k, v in args.items() if k in _VULKAN_CONSTRUCTOR_KEYS}
+    if options:
+        kwargs["compile_options"] = options
+    return kwargs
+
+
+def hosted() -> HostedPartitioner:
+    """The hosted ``vulkan`` partitioner (imports ExecuTorch's Vulkan backend; raises if it
+    cannot be imported)."""
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+    keys = partitioner_keys()
+
     def factory(spec: Mapping[str, SpecValue]) -> Partitioner:
-        args = constructor_arguments(keys, spec)
-        # Client order is kept: bool and enum options become compile specs in this order.
-        options = {k: v for k, v in args.items() if k not in _VULKAN_CONSTRUCTOR_KEYS}
-        kwargs = {k: v for k, v in args.items() if k in _VULKAN_CONSTRUCTOR_KEYS}
-        if options:
-            kwargs["compile_options"] = options
-        return VulkanPartitioner(**kwargs)
+        return VulkanPartitioner(**partitioner_arguments(keys, spec))
 
     return HostedPartitioner(
         "vulkan",

@@ -229,18 +229,24 @@ function formatDefault(k) {
 
 /** `list`'s text, line by line (as the Python CLI's list_lines). */
 export function listLines(listing) {
-  const v = listing.versions ?? {};
-  const lines = [`server ${v.server} (api ${v.api}): torch ${v.torch}, executorch ${v.executorch}, ` +
-    `export schema ${v.export_schema}`];
+  const versions = (v = {}) => `server ${v.server} (api ${v.api}): torch ${v.torch}, ` +
+    `executorch ${v.executorch}, export schema ${v.export_schema}`;
+  const where = (env) => (env ? `  [environment ${env}]` : '');
+  const own = listing.environment ? `environment ${listing.environment}: ` : '';
+  const lines = [own + versions(listing.versions ?? {})];
+  for (const env of listing.environments ?? []) {
+    lines.push(`environment ${env.name}: ` +
+      (env.error ? `not available: ${env.error}` : versions(env.versions ?? {})));
+  }
   for (const p of listing.partitioners) {
-    lines.push('', `${p.name}  ${p.backend_id}  ${p.class_name}`);
+    lines.push('', `${p.name}  ${p.backend_id}  ${p.class_name}${where(p.environment)}`);
     if (p.description) lines.push(`  ${p.description}`);
     const hooks = p.overridden_hooks.map((h) => h.replace(/^HOOK_/, '').toLowerCase());
     lines.push(`  hooks: ${hooks.join(', ') || '-'}`);
     lines.push(...specKeyLines(p.spec_keys));
   }
   for (const q of listing.quantizers ?? []) {
-    lines.push('', `quantizer ${q.name}  ${q.backend_id}  ${q.class_name}`);
+    lines.push('', `quantizer ${q.name}  ${q.backend_id}  ${q.class_name}${where(q.environment)}`);
     if (q.description) lines.push(`  ${q.description}`);
     lines.push(...specKeyLines(q.spec_keys));
   }

@@ -306,6 +306,10 @@ export function specValueToJs(v) {
  * certificates; implies TLS), cert and key (PEM Buffers of a client certificate chain and its
  * private key, for mutual TLS), timeoutSeconds (per-call deadline), requestId (x-request-id; a fresh one by default).
  */
+/** The request header that routes a call to an environment (proto/transport.py's
+ * ENVIRONMENT_METADATA_KEY). */
+export const ENVIRONMENT_HEADER = 'x-remote-partitioner-environment';
+
 export class RemotePartitionerClient {
   constructor(target, options = {}) {
     const Service = serviceConstructor();
@@ -318,16 +322,20 @@ export class RemotePartitionerClient {
     this.requestId = options.requestId ?? randomUUID().replaceAll('-', '');
     this.stats = { rpcs: 0, blobs_uploaded: 0, bytes_uploaded: 0 };
     this.serverRequestId = null;
+    // The environment hosting the partitioners of the lowering in progress ('' the default
+    // one): every call but ListPartitioners carries it in ENVIRONMENT_HEADER (see lower).
+    this.environment = '';
   }
 
   close() {
     this.stub.close();
   }
 
-  metadata() {
+  metadata(environment = this.environment) {
     const md = new grpc.Metadata();
     if (this.token) md.set('authorization', `Bearer ${this.token}`);
     md.set('x-request-id', this.requestId);
+    if (environment) md.set(ENVIRONMENT_HEADER, environment);
     return md;
   }
 
@@ -350,11 +358,11 @@ export class RemotePartitionerClient {
     return e;
   }
 
-  unary(method, request) {
+  unary(method, request, environment = this.environment) {
     this.stats.rpcs += 1;
     return new Promise((resolve, reject) => {
       this.watch(this.stub[method](
-        request, this.metadata(), this.callOptions(), (err, response) => {
+        request, this.metadata(environment), this.callOptions(), (err, response) => {
           if (err) reject(this.rpcError(err));
           else resolve(response);
         },
@@ -364,7 +372,25 @@ export class RemotePartitionerClient {
 
   /** ListPartitionersResponse. */
   listPartitioners() {
-    return this.unary('ListPartitioners', {});
+    return this.unary('ListPartitioners', {}, '');
+  }
+
+  /**
+   * Sends this client's later calls to the environment that hosts `partitioners` (as the
+   * listing, asked without the header, places them; as the Python LowerClient.environment_of).
+   * Names the listing does not know are left to the server to refuse.
+   */
+  async useEnvironmentOf(partitioners) {
+    const listing = await this.listPartitioners();
+    const where = new Map(listing.partitioners.map((p) => [p.name, p.environment ?? '']));
+    const known = partitioners.filter((p) => where.has(p.name));
+    const envs = new Set(known.map((p) => where.get(p.name)));
+    if (envs.size > 1) {
+      const named = known.map((p) => `${p.name} (${where.get(p.name) || 'default'})`).join(', ');
+      throw new ClientError(`the partitioners are hosted in different environments: ${named}; ` +
+        'one lowering runs in one environment');
+    }
+    this.environment = envs.size === 1 ? [...envs][0] : (listing.environment ?? '');
   }
 
   /** The subset of `digests` the server lacks. */
@@ -445,6 +471,7 @@ export class RemotePartitionerClient {
    * null when report_only).
    */
   async lower(archive, partitioners, outputPath, options = {}) {
+    await this.useEnvironmentOf(partitioners);
     const digest = await this.ensureBlob(archive);
     const request = {
       archive: digest,
