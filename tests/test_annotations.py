@@ -253,11 +253,13 @@ def assert_same_annotations(a: torch.fx.GraphModule, b: torch.fx.GraphModule) ->
 
 class _OverTheWire(Quantizer):
     """Stands in for the remote quantizer: the hosted quantizer annotates a copy of the module
-    (as the server does), and its annotations cross as bytes onto the module itself."""
+    (as the server does), and its annotations cross as bytes onto the module itself, where
+    they must be the same annotations. ``messages``: what crossed, call by call."""
 
     def __init__(self, hosted: Quantizer) -> None:
         super().__init__()
         self.hosted = hosted
+        self.messages: list[pb.Annotations] = []
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return self.hosted.transform_for_annotation(model)
@@ -265,7 +267,8 @@ class _OverTheWire(Quantizer):
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         server_copy = copy.deepcopy(model)
         self.hosted.annotate(server_copy)
-        _over_the_wire(server_copy, model)
+        self.messages.append(_over_the_wire(server_copy, model))
+        assert_same_annotations(server_copy, model)
         return model
 
     def validate(self, model: torch.fx.GraphModule) -> None:
@@ -301,18 +304,22 @@ def assert_drives_torchao_identically(
     inputs: tuple[torch.Tensor, ...],
     *,
     qat: bool = False,
-) -> None:
+) -> pb.Annotations:
     """prepare (or prepare_qat), one calibration run and convert give the same program, the same
     observer statistics and the same quantized weights with the hosted quantizer annotating
-    locally and with its annotations crossing the wire."""
+    locally and with its annotations crossing the wire (as the same annotations). Returns the
+    message that crossed."""
     local_prepared, local = _quantized(gm, hosted, inputs, qat=qat)
-    remote_prepared, remote = _quantized(gm, _OverTheWire(hosted), inputs, qat=qat)
+    wire = _OverTheWire(hosted)
+    remote_prepared, remote = _quantized(gm, wire, inputs, qat=qat)
     assert remote_prepared.code == local_prepared.code
     _assert_same_state(remote_prepared, local_prepared)
     assert remote.code == local.code
     _assert_same_state(remote, local)
     assert "quantize_per" in local.code
     assert torch.equal(remote(*inputs), local(*inputs))
+    (msg,) = wire.messages
+    return msg
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,31 +439,18 @@ def test_vulkan_dynamic() -> None:
 
 @pytest.mark.slow
 def test_coreml() -> None:
-    """Core ML: FakeQuantize partials with dtype and qscheme keywords (annotate exports a few
-    hundred pattern graphs: slow)."""
-    from coremltools.optimize.torch.quantization import (
-        LinearQuantizerConfig,
-        ModuleLinearQuantizerConfig,
-    )
+    """Core ML: FakeQuantize partials with dtype and qscheme keywords, with the config of
+    ExecuTorch's Core ML tester (the hosted quantizer's default: test_quantizers.py)."""
     from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+    from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
 
-    config = LinearQuantizerConfig(
-        global_config=ModuleLinearQuantizerConfig(
-            quantization_scheme="symmetric",
-            activation_dtype=torch.quint8,
-            weight_dtype=torch.qint8,
-            weight_per_channel=True,
-        )
-    )
+    config = _get_static_int8_linear_qconfig()
     gm0 = _exported(_Linear(), _linear_inputs())
-    hosted = CoreMLQuantizer(config)
-    before, gm = _annotated(hosted, gm0)
-    msg = _over_the_wire(gm, before)
-    assert_same_annotations(gm, before)
+    # Two annotate calls (about 40 s each), not three: the message and the comparison of the
+    # annotations are the ones the wire quantizer made.
+    msg = assert_drives_torchao_identically(gm0, CoreMLQuantizer(config), _linear_inputs())
     keywords = {k.WhichOneof("value") for c in msg.constructors for k in c.partial.keywords}
     assert {"dtype", "qscheme", "constructor"} <= keywords
-
-    assert_drives_torchao_identically(gm0, hosted, _linear_inputs())
 
 
 # --------------------------------------------------------------------------------------------
