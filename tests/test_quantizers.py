@@ -98,8 +98,8 @@ def test_xnnpack_and_vulkan_configs_are_the_functions_own(hosted: QuantizerRegis
 def test_coreml_config_is_the_testers(hosted: QuantizerRegistry) -> None:
     """An empty spec is ExecuTorch's Core ML tester's quantizer: a ``CoreMLQuantizer`` of its
     config; the keys replace its entries. (That quantizer quantizes over the wire as it does
-    locally: tests/test_annotations.py::test_coreml. Each Core ML ``annotate`` exports about
-    250 pattern graphs, 40 to 60 s here, so the registry's is not run a second time.)"""
+    locally: tests/test_annotations.py::test_coreml. Each Core ML ``annotate`` exports 405
+    pattern graphs, about 48 s here, so the registry's is not run a second time.)"""
     from coremltools.optimize.torch.quantization import ModuleLinearQuantizerConfig
     from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
     from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
