@@ -593,10 +593,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             r["cold"]["wall_s"] <= goal_s, (_cpu(r["cold"]), _cpu(r["local"])),
             seconds=r["cold"]["wall_s"], goal_s=goal_s)
         for key, what in (("replica", "a replica sharing the store"),
-                          ("again", "the same server")):
+                          ("again", "the same server"),
+                          ("held", "the same server, OUT.pte holding it")):
+            if key not in r:
+                continue  # (figures of an older bench)
             row(f"Lower of {low['model']}'s archive again ({what})",
                 f"<= 0.05 x local = {0.05 * local:.2f} s",
-                f"{_mm(r[key])} s = {_ratio(r[key]['wall_s'], local):.3f}x", p,
+                f"{_mm(r[key])} s = {_ratio(r[key]['wall_s'], local):.3f}x",
+                0 if key == "held" else p,
                 r[key]["wall_s"] <= 0.05 * local, (_cpu(r[key]), _cpu(r["local"])),
                 seconds=r[key]["wall_s"],
                 ratio=_ratio(r[key]["wall_s"], local))
@@ -684,7 +688,9 @@ def _phase_lines(results: dict[str, Any]) -> list[str]:
                      + "  ".join(f"{r['phases'][ph]['wall_s']:.2f} / "
                                  f"{r['phases'][ph]['client_cpu_s']:.2f} / "
                                  f"{r['phases'][ph]['server_cpu_s']:.2f}" for ph in PHASES))
-        for key in ("cold", "again", "replica", "restart"):
+        for key in ("cold", "again", "held", "replica", "restart"):
+            if key not in low["runs"]:
+                continue  # (figures of an older bench)
             x = low["runs"][key]
             lines.append(f"{low['model']:<18}{'Lower CLI ' + key:<24}{_mm(x):>17}  "
                          f"whole command (both phases on the server): client CPU "
@@ -886,11 +892,13 @@ def _fastest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _cli_lower(path: str, srv: Server, label: str) -> dict[str, Any]:
+def _cli_lower(path: str, srv: Server, label: str, keep: bool = False) -> dict[str, Any]:
     """``remote-partitioner lower PATH --partitioner xnnpack -o OUT.pte`` in a new process
     (its start, imports and the upload included) against ``srv``: wall time from spawn to
     exit, the client's CPU (the child's rusage) and the server's (``/proc``), the server's
-    metric changes (bytes, cache hits), and the ``.pte``'s digest."""
+    metric changes (bytes, cache hits), and the ``.pte``'s digest. ``OUT.pte`` is named after
+    ``label``, and removed after unless ``keep`` (a later run with that label finds it: the
+    command line then downloads nothing)."""
     out_path = str(Path(path).with_suffix(f".{label.replace(' ', '_')}.pte"))
     m0, s0 = srv.metrics(), measure.tree_cpu_seconds(srv.pid)
     with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
@@ -910,7 +918,8 @@ def _cli_lower(path: str, srv: Server, label: str) -> dict[str, Any]:
             print(se.read().decode(errors="replace")[-4000:], file=sys.stderr)
             raise SystemExit(f"[bench] remote-partitioner lower ({label}) failed")
         printed = json.loads(so.read())
-    Path(out_path).unlink(missing_ok=True)
+    if not keep:
+        Path(out_path).unlink(missing_ok=True)
     result = {"wall_s": wall, "client_cpu_s": usage.ru_utime + usage.ru_stime,
               "server_cpu_s": s1 - s0, "pte_sha256": printed["output"]["sha256"],
               "pte_bytes": printed["output"]["bytes"], "metrics": measure.delta(m0, m1)}
@@ -922,11 +931,14 @@ def _cli_lower(path: str, srv: Server, label: str) -> dict[str, Any]:
 def lower_case(name: str, repeat: int) -> dict[str, Any]:
     """The ``Lower`` RPC through the command line on ``name``'s PT2 archive: cold on a
     server with a new ``--blob-dir``; again on it (``repeat`` times, alternating with local
-    lowerings of the archive, each in a new client process); again on a second server (a
-    replica) sharing the directory; and on a server restarted on it. Each new server first
-    lowers a small archive (its one-time costs: imports, operator registration), as the other
-    cases' client processes do."""
+    lowerings of the archive, each in a new client process); again into an output that
+    already holds the ``.pte`` (``repeat`` times: nothing downloaded); again on a second
+    server (a replica) sharing the directory; and on a server restarted on it. Each new server
+    first lowers a small archive (its one-time costs: imports, operator registration), as the
+    other cases' client processes do. The command lines share a digest cache of their own (the
+    cold one finds it empty)."""
     with tempfile.TemporaryDirectory(prefix="bench-lower-") as tmp:
+        os.environ["REMOTE_PARTITIONER_DIGEST_CACHE"] = f"{tmp}/digests"
         path, blobs = f"{tmp}/{name}.pt2", f"{tmp}/blobs"
         small = [f"{tmp}/small{i}.pt2" for i in range(3)]
         Path(blobs).mkdir()
@@ -940,6 +952,8 @@ def lower_case(name: str, repeat: int) -> dict[str, Any]:
                 again.append(_cli_lower(path, a, "again"))
                 if len(local) < repeat:
                     local.append(_run_child(archive, f"{name}'s archive"))
+            _cli_lower(path, a, "output held", keep=True)  # (writes it)
+            held = [_cli_lower(path, a, "output held", keep=True) for _ in range(repeat)]
             with served("--blob-dir", blobs, metrics=True) as b:
                 _cli_lower(small[1], b, "replica warm-up")
                 replica = _cli_lower(path, b, "again on a replica sharing --blob-dir")
@@ -948,9 +962,10 @@ def lower_case(name: str, repeat: int) -> dict[str, Any]:
             restarted = _cli_lower(path, c, "again after a restart on --blob-dir")
     first = local[0]
     runs = {"local": _samples([r["run"] for r in local]), "cold": cold,
-            "again": _cli_samples(again), "replica": replica, "restart": restarted}
+            "again": _cli_samples(again), "held": _cli_samples(held), "replica": replica,
+            "restart": restarted}
     reference = runs["local"]["pte_sha256"]
-    everything = [*(r["run"] for r in local), cold, *again, replica, restarted]
+    everything = [*(r["run"] for r in local), cold, *again, *held, replica, restarted]
     return {"model": name, "archive_bytes": first["archive_bytes"],
             "tensor_bytes": first.get("tensor_bytes", 0), "runs": runs,
             "all_identical": all(r["pte_sha256"] == reference for r in everything)}

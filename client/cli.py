@@ -40,6 +40,7 @@ from google.protobuf.message import Message
 
 from remote_partitioner.client import report
 from remote_partitioner.client.credentials import read_channel_credentials, read_token
+from remote_partitioner.client.digest_cache import DigestCache
 from remote_partitioner.client.errors import RemotePartitionerError, RemoteTraceback
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
 from remote_partitioner.client.report_page import write_report
@@ -333,20 +334,30 @@ def read_archive(path: str) -> memoryview:
 
 # -------------------------------------------------------------------------------- output
 
+class _PteOutput:
+    """Where :func:`_pte_file` writes the ``.pte``: ``file`` (None: keep it in memory), and
+    whether to leave the path as it is (``keep_existing``: it already holds the ``.pte``)."""
+
+    def __init__(self, file: IO[bytes] | None) -> None:
+        self.file = file
+        self.keep_existing = False
+
+
 @contextmanager
-def _pte_file(path: str | None) -> Iterator[IO[bytes] | None]:
+def _pte_file(path: str | None) -> Iterator[_PteOutput]:
     """The file the ``.pte`` is written to as it arrives: a temporary file beside ``path``
     (beside the file a symbolic link names), renamed to it once the block ends without an
-    error (the ``.pte`` whole and verified), removed otherwise; ``path`` is never left half
-    written. None (the ``.pte`` is kept in memory and written after) without a path, or when
-    it names something other than a regular file (``/dev/null``, a pipe)."""
+    error (the ``.pte`` whole and verified) unless the block set ``keep_existing``, removed
+    otherwise; ``path`` is never left half written. No file (the ``.pte`` is kept in memory
+    and written after) without a path, or when it names something other than a regular file
+    (``/dev/null``, a pipe)."""
     if path is None:
-        yield None
+        yield _PteOutput(None)
         return
     target = os.path.realpath(path)
     existing = os.stat(target) if os.path.exists(target) else None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
-        yield None
+        yield _PteOutput(None)
         return
     tmp = f"{target}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
@@ -354,11 +365,13 @@ def _pte_file(path: str | None) -> Iterator[IO[bytes] | None]:
     done = False
     try:
         with os.fdopen(fd, "wb") as f:
-            yield f
-        if existing is not None:
-            os.chmod(tmp, stat.S_IMODE(existing.st_mode))  # as writing over it would keep
-        os.replace(tmp, target)
-        done = True
+            output = _PteOutput(f)
+            yield output
+        if not output.keep_existing:
+            if existing is not None:
+                os.chmod(tmp, stat.S_IMODE(existing.st_mode))  # as writing over it would keep
+            os.replace(tmp, target)
+            done = True
     finally:
         if not done:
             with suppress(OSError):
@@ -593,16 +606,30 @@ def _partition_or_lower(args: argparse.Namespace, client_of: Callable[[], LowerC
             check_writable(path, option)
     archive = read_archive(args.model)
     names = [name for name, _ in plan]
-    with (
-        client_of() as client,
-        _progress(len(archive), "upload") as progress,
-        _pte_file(None if report_only else args.output) as into,
-    ):
-        result = client.lower(
-            archive, [partitioner_ref(name, spec) for name, spec in plan],
-            report_only=report_only, skip_ir_validity_check=args.skip_ir_validity_check,
-            upload_progress=progress, into=into,
-        )
+    # Neither hash again an archive hashed before, nor download a .pte the output holds.
+    digests = DigestCache.default()
+    archive_digest = held = None
+    if digests is not None:
+        archive_digest = digests.lookup(args.model)
+        if archive_digest is None or archive_digest.size_bytes != len(archive):
+            archive_digest = digests.hash_file(args.model, archive)
+        if not report_only:
+            held = digests.lookup(args.output)
+    with client_of() as client, _progress(len(archive), "upload") as progress:
+        while True:
+            with _pte_file(None if report_only else args.output) as out:
+                result = client.lower(
+                    archive, [partitioner_ref(name, spec) for name, spec in plan],
+                    report_only=report_only, skip_ir_validity_check=args.skip_ir_validity_check,
+                    upload_progress=progress, into=out.file, archive_digest=archive_digest,
+                    held_pte=held,
+                )
+                out.keep_existing = result.pte_held
+            progress = None
+            # Kept only if the output did not change while the call ran; else its bytes come.
+            if not result.pte_held or (digests is not None and digests.lookup(args.output) == held):
+                break
+            held = None
     saved = report_json(result.report, args.model, names)
     output: dict[str, Any] | None = None
     if not report_only:
@@ -611,6 +638,8 @@ def _partition_or_lower(args: argparse.Namespace, client_of: Callable[[], LowerC
         # The digest the server sent, which the bytes received matched: not hashed again.
         digest = result.pte_digest
         assert digest is not None  # (set unless report-only)
+        if digests is not None and not result.pte_held:
+            digests.record_written(args.output, digest)
         output = {"path": args.output, "bytes": digest.size_bytes, "sha256": digest.hash}
     if args.report:
         write_report(args.report, saved)
@@ -621,7 +650,10 @@ def _partition_or_lower(args: argparse.Namespace, client_of: Callable[[], LowerC
                          ensure_ascii=False))
         return EXIT_OK
     _print(report_lines(result.report))
-    if output:
+    if output and result.pte_held:
+        print(f"kept {output['path']} ({_plural(output['bytes'], 'byte')}, "
+              f"sha256 {output['sha256']}): it already held this .pte")
+    elif output:
         print(f"wrote {output['path']} ({_plural(output['bytes'], 'byte')}, "
               f"sha256 {output['sha256']})")
     if args.report:

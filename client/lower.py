@@ -30,6 +30,9 @@ class LowerResult:
     #: The ``.pte``'s digest, as the server sent it and the bytes received matched (None if
     #: report-only).
     pte_digest: pb.Digest | None = None
+    #: The ``.pte`` is the one the caller said it holds (``held_pte``): no bytes were sent,
+    #: ``pte`` is None and nothing was written to ``into``.
+    pte_held: bool = False
 
 
 def partitioner_ref(name: str, spec: Mapping[str, SpecScalar] | None = None) -> pb.PartitionerRef:
@@ -153,6 +156,8 @@ class LowerClient:
         skip_ir_validity_check: bool = False,
         upload_progress: Callable[[int], None] | None = None,
         into: IO[bytes] | None = None,
+        archive_digest: pb.Digest | None = None,
+        held_pte: pb.Digest | None = None,
     ) -> LowerResult:
         """Upload ``archive`` (a ``torch.export.save`` file) and lower it with
         ``partitioners``; verify the ``.pte`` against the digest the server sent.
@@ -160,6 +165,10 @@ class LowerClient:
         ``into``: a seekable file open for writing, to which the ``.pte`` is written as it
         arrives, rather than kept in memory (``LowerResult.pte`` is then None). It holds the
         whole, verified ``.pte`` only when this returns: the caller discards it otherwise.
+
+        ``archive_digest``: the archive's digest, when the caller knows it (else it is
+        computed here). ``held_pte``: the digest of a ``.pte`` the caller holds; when the
+        lowering's ``.pte`` is that one, its bytes are not sent (``LowerResult.pte_held``).
 
         Raises:
             RemotePartitionerError: (or a subclass, or the exception lowering raised on the
@@ -170,14 +179,15 @@ class LowerClient:
         )
         missing, waits, progress = 0, 0, upload_progress
         environment = self.environment_of(partitioners)
-        digest = digest_of(archive)  # (once, whatever the retries)
+        digest = archive_digest or digest_of(archive)  # (once, whatever the retries)
         start = into.tell() if into is not None else 0
         while True:
             try:
                 self.upload(archive, progress, digest, environment)
                 progress = None  # (reported once)
                 request = pb.LowerRequest(
-                    archive=digest, partitioners=partitioners, options=options
+                    archive=digest, partitioners=partitioners, options=options,
+                    held_pte=held_pte,
                 )
                 return self._receive(request, into, self._metadata_for(environment))
             except RemotePartitionerError as e:
@@ -230,6 +240,10 @@ class LowerClient:
             raise RemotePartitionerError("the server sent no response")
         if request.options.report_only:
             return LowerResult(first.report, None)
+        held = request.held_pte if request.HasField("held_pte") else None
+        if (size == 0 and held is not None and first.HasField("pte")
+                and (first.pte.hash, first.pte.size_bytes) == (held.hash, held.size_bytes)):
+            return LowerResult(first.report, None, first.pte, pte_held=True)
         if sha256.hexdigest() != first.pte.hash or size != first.pte.size_bytes:
             raise RemotePartitionerError(
                 "the .pte received does not match the digest the server sent",

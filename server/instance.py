@@ -250,6 +250,10 @@ class PartitionerInstance:
         self.blobs = blobs
         self.limits = limits or Limits()
         self.results = results if results is not None else ResultCache(0)
+        #: Fresh ``Lower`` answers sent and not yet stored, by result cache key
+        #: (:func:`~remote_partitioner.server.lower_call.remember_in_background`).
+        self.lowerings_being_stored: dict[str, Lowered] = {}
+        self.lowerings_lock = threading.Lock()
         self._admitted = threading.BoundedSemaphore(self.limits.max_concurrent_hooks)
         self._hook_lock = threading.Lock()
         #: Upload bytes in flight, bounded by ``limits.max_inflight_bytes``.

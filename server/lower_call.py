@@ -9,12 +9,17 @@ request, from any client (and, with ``--blob-dir``, on any replica sharing the d
 after a restart), is answered from them without a turn: the same bytes as the first lowering,
 since they are its bytes. An entry is used only while the archive and the ``.pte`` are both
 held; otherwise the archive is lowered again.
+
+A client that already holds the ``.pte`` (the output of an earlier lowering) names it in
+``held_pte``: the answer then carries the digest without the bytes, and the request's key
+leaves ``held_pte`` out (:func:`answer_depends_on`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +28,7 @@ from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks, lowering, pt2
-from remote_partitioner.server.blobstore import BlobView
+from remote_partitioner.server.blobstore import BlobError, BlobView, check_digest
 from remote_partitioner.server.instance import (
     PartitionerInstance,
     TimeRemaining,
@@ -56,14 +61,24 @@ def lower(
 
     Raises:
         ServiceError: INVALID_SPEC (no partitioner); the partitioner lookup's and the digest
-            checks' errors; BLOB_MISSING (the archive is not held); INVALID_PROGRAM (the
-            archive cannot be read); DEADLINE_PASSED; PARTITIONER_RAISED.
+            checks' errors (INVALID_DIGEST for ``held_pte`` too); BLOB_MISSING (the archive
+            is not held); INVALID_PROGRAM (the archive cannot be read); DEADLINE_PASSED;
+            PARTITIONER_RAISED.
     """
     if not request.partitioners:
         raise ServiceError(Reason.INVALID_SPEC, "no partitioner given", field="partitioners")
     partitioners = [instance.partitioner(ref) for ref in request.partitioners]
     instance.check_digest(request.archive, "archive")
-    key = instance.results.key("Lower", request)
+    if request.HasField("held_pte"):
+        try:
+            check_digest(request.held_pte.hash, request.held_pte.size_bytes)
+        except BlobError as e:
+            raise ServiceError(Reason.INVALID_DIGEST, str(e), field="held_pte") from e
+    key = instance.results.key("Lower", answer_depends_on(request))
+    with instance.lowerings_lock:
+        being_stored = instance.lowerings_being_stored.get(key)
+    if being_stored is not None:  # a repeat that came before the first answer was stored
+        return dataclasses.replace(being_stored, cached=True)
     hit = _cached(instance, key, request)
     if hit is not None:
         return hit
@@ -94,14 +109,72 @@ def lower(
     return Lowered(report, digest, pte, key)
 
 
+def answer_depends_on(request: pb.LowerRequest) -> pb.LowerRequest:
+    """``request`` without what its answer does not depend on (``held_pte``, which only
+    decides whether the ``.pte``'s bytes are sent): what the result cache keys on."""
+    if not request.HasField("held_pte"):
+        return request
+    keyed = pb.LowerRequest()
+    keyed.CopyFrom(request)
+    keyed.ClearField("held_pte")
+    return keyed
+
+
+def sends_pte(request: pb.LowerRequest, lowered: Lowered) -> bool:
+    """Whether the answer to ``request`` carries the ``.pte``'s bytes: there is one, and it is
+    not the one the client said it holds (``held_pte``, digest and size both equal)."""
+    if not lowered.pte or lowered.pte_digest is None:
+        return False
+    held = request.held_pte if request.HasField("held_pte") else None
+    return held is None or (held.hash, held.size_bytes) != (
+        lowered.pte_digest.hash, lowered.pte_digest.size_bytes
+    )
+
+
+def being_stored(instance: PartitionerInstance, lowered: Lowered) -> None:
+    """From now until :func:`remember` has stored it, answer a repeat of a fresh lowering
+    from ``lowered`` itself (rather than lowering a second time because the first answer is
+    still being sent or written). The caller then calls :func:`remember_in_background`,
+    whatever happens."""
+    if lowered.cached or instance.results.max_bytes <= 0:
+        return
+    with instance.lowerings_lock:
+        instance.lowerings_being_stored[lowered.key] = lowered
+
+
+def remember_in_background(
+    instance: PartitionerInstance, lowered: Lowered,
+    submit: Callable[[Callable[[PartitionerInstance, Lowered], None], PartitionerInstance,
+                      Lowered], object],
+) -> None:
+    """Have ``submit`` (an executor's) run :func:`remember` for a fresh lowering. A shut-down
+    executor (``RuntimeError``) stores nothing, and repeats are lowered again."""
+    if lowered.cached or instance.results.max_bytes <= 0:
+        return
+    try:
+        submit(remember, instance, lowered)
+    except RuntimeError:
+        with instance.lowerings_lock:
+            instance.lowerings_being_stored.pop(lowered.key, None)
+
+
 def remember(instance: PartitionerInstance, lowered: Lowered) -> None:
     """Keep a fresh lowering's ``.pte`` in the blob store and its answer in the result cache
     (the ``.pte`` first: an entry is used only while its ``.pte`` is held). Runs once the
     answer is on its way, in the background: a store that cannot take it costs the next
     lowering, not this one (logged, never raised).
     """
-    if lowered.cached or instance.results.max_bytes <= 0:
-        return
+    try:
+        if lowered.cached or instance.results.max_bytes <= 0:
+            return
+        _store(instance, lowered)
+    finally:
+        with instance.lowerings_lock:
+            if instance.lowerings_being_stored.get(lowered.key) is lowered:
+                del instance.lowerings_being_stored[lowered.key]
+
+
+def _store(instance: PartitionerInstance, lowered: Lowered) -> None:
     try:
         response = pb.LowerResponse(report=lowered.report)
         if lowered.pte_digest is not None:
@@ -152,4 +225,7 @@ def _cached(
     return Lowered(cached.report, pte_digest, held[0] if held else None, key, cached=True)
 
 
-__all__ = ["Lowered", "lower", "remember", "report_message"]
+__all__ = [
+    "Lowered", "answer_depends_on", "being_stored", "lower", "remember", "remember_in_background",
+    "report_message", "sends_pte",
+]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -285,21 +284,20 @@ class RemotePartitionerServicer(pb_grpc.RemotePartitionerServicer):
 
     async def Lower(self, request: pb.LowerRequest, context: grpc.aio.ServicerContext) -> None:
         lowered = await self._admitted(context, self.instance.lower, request)
+        # A repeat is answered from this one from now on; it is stored once the answer is
+        # sent (or the client has gone), without keeping the call open meanwhile.
+        lower_call.being_stored(self.instance, lowered)
         self.streams.open_streams += 1
         try:
             first = pb.LowerResponse(report=lowered.report)
             if lowered.pte_digest is not None:
                 first.pte.CopyFrom(lowered.pte_digest)
             await self._write_all(context, iter([first]), "Lower")
-            if lowered.pte:
+            if lowered.pte is not None and lower_call.sends_pte(request, lowered):
                 await self._write_all(context, _lower_chunks(lowered.pte), "Lower")
         finally:
             self.streams.open_streams -= 1
-        # Stored once the answer is sent, without keeping the call open meanwhile (a failed
-        # write above skips it: the next call lowers again).
-        if not lowered.cached:
-            with contextlib.suppress(RuntimeError):  # the pool is shut down: not stored
-                self._io.submit(lower_call.remember, self.instance, lowered)
+            lower_call.remember_in_background(self.instance, lowered, self._io.submit)
 
 
 def _lower_chunks(pte: BlobView | bytes) -> Iterator[pb.LowerResponse]:

@@ -77,16 +77,21 @@ def _serve(
 
 #: The session server, started when the session starts (:func:`pytest_sessionstart`) so that
 #: its imports (about 10 s) run on the other core while this process collects the tests;
-#: :func:`server_process` takes it. Its log's directory.
+#: :func:`server_process` takes it. The session's directories (its log's, the digest cache's),
+#: removed when the session ends.
 _EARLY_SERVER: list[Launched] = []
 _EARLY_LOG_DIR: list[Path] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    # The command lines the tests run remember digests in a directory of the session's, not
+    # in the user's cache (client/digest_cache.py).
+    _EARLY_LOG_DIR.append(Path(tempfile.mkdtemp(prefix="rp-session-digests-")))
+    os.environ["REMOTE_PARTITIONER_DIGEST_CACHE"] = str(_EARLY_LOG_DIR[-1])
     if session.config.option.collectonly:
         return  # no test runs: a server would only compete with collection
     _EARLY_LOG_DIR.append(Path(tempfile.mkdtemp(prefix="rp-session-server-")))
-    _EARLY_SERVER.append(launch(_EARLY_LOG_DIR[0] / "server.log"))
+    _EARLY_SERVER.append(launch(_EARLY_LOG_DIR[-1] / "server.log"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -15,6 +15,7 @@ Skipped only when ``node`` is not on PATH or client/node's dependencies are not 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -431,3 +432,30 @@ def test_both_clis_write_the_pte_the_same_way(target: str, inputs: Path, tmp_pat
             "dangling.pte", "link.pte", "model.pte", "new.pte", "pipe.pte", "real"], name
         ptes[name] = real.read_bytes()
     assert ptes["python"] == ptes["node"] and ptes["python"][4:8] == b"ET12"
+
+
+def test_both_clis_keep_an_output_that_holds_the_pte(target: str, inputs: Path,
+                                                     tmp_path: Path) -> None:
+    """Either CLI leaves alone an output the digest cache (which they share) knows holds the
+    ``.pte`` (nothing downloaded: ``held_pte``), and writes it again once it changed."""
+    cmds = _commands()
+    out = tmp_path / "model.pte"
+    model = tmp_path / "model.pt2"
+    model.write_bytes((inputs / "model.pt2").read_bytes())
+
+    def lower(name: str) -> str:
+        done = _run([*cmds[name], "lower", str(model), "-o", str(out), "--partitioner",
+                     "xnnpack", "--target", target], tmp_path)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        return done.stdout.splitlines()[-1]
+
+    for writer, keeper in (("python", "node"), ("node", "python")):
+        out.unlink(missing_ok=True)
+        assert lower(writer).startswith(f"wrote {out} ("), writer
+        pte, written = out.read_bytes(), out.stat()
+        assert lower(keeper) == (f"kept {out} ({len(pte)} bytes, sha256 "
+                                 f"{hashlib.sha256(pte).hexdigest()}): it already held this .pte")
+        assert (out.stat().st_ino, out.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+        with open(out, "r+b") as f:  # changed in place, the same size: written again
+            f.write(b"\0\0\0\0")
+        assert lower(keeper).startswith(f"wrote {out} (") and out.read_bytes() == pte, keeper

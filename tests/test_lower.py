@@ -209,6 +209,65 @@ def test_cli_lower_partition_list(server_address: str, archive: bytes, tmp_path:
 
 
 @pytest.mark.slow
+def test_a_held_pte_is_not_sent_again(server_address: str, archive: bytes,
+                                      tmp_path: Path) -> None:
+    pte = _local_pte(archive)
+    with LowerClient(server_address, timeout=600) as client:
+        first = client.lower(archive, [partitioner_ref("xnnpack")])
+        assert first.pte == pte and not first.pte_held
+        # The client holds it: the answer names it, and no chunk is written.
+        with open(tmp_path / "nothing", "wb") as into:
+            held = client.lower(archive, [partitioner_ref("xnnpack")], into=into,
+                                held_pte=digest_of(pte))
+        assert held.pte_held and held.pte is None and held.pte_digest == digest_of(pte)
+        assert (tmp_path / "nothing").read_bytes() == b""
+        assert held.report == first.report
+        # Another .pte held, or the same hash with another size: the bytes come.
+        for other in (digest_of(b"another program"),
+                      pb.Digest(hash=digest_of(pte).hash, size_bytes=len(pte) + 1)):
+            sent = client.lower(archive, [partitioner_ref("xnnpack")], held_pte=other)
+            assert sent.pte == pte and not sent.pte_held
+        with pytest.raises(RemotePartitionerError) as e:
+            client.lower(archive, [partitioner_ref("xnnpack")],
+                         held_pte=pb.Digest(hash="not a digest", size_bytes=1))
+        assert e.value.reason == "INVALID_DIGEST"
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.slow
+def test_cli_lower_neither_hashes_nor_downloads_again(
+    server_address: str, archive: bytes, tmp_path: Path
+) -> None:
+    model = tmp_path / "model.pt2"
+    model.write_bytes(archive)
+    out = tmp_path / "model.pte"
+    pte = _local_pte(archive)
+
+    def lower() -> str:
+        done = _cli("lower", str(model), "-o", str(out), "--partitioner", "xnnpack",
+                    "--target", server_address)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert "wrote" in lower() and out.read_bytes() == pte
+    written = out.stat()
+    assert "kept" in lower()  # the output holds this .pte: left as it is, nothing sent
+    assert out.read_bytes() == pte
+    assert (out.stat().st_ino, out.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    # Changed in place (the same size): its bytes come again.
+    with open(out, "r+b") as f:
+        f.seek(len(pte) // 2)
+        f.write(b"\0\0\0\0")
+    assert "wrote" in lower() and out.read_bytes() == pte
+    # Another archive of the same size written over the model: lowered as itself.
+    torch.manual_seed(1)
+    other = pt2_bytes(torch.export.export(MlpCumsum().eval(), (torch.randn(2, 8),), strict=True))
+    assert len(other) == len(archive) and other != archive
+    model.write_bytes(other)
+    assert "wrote" in lower() and out.read_bytes() == _local_pte(other) != pte
+
+
+@pytest.mark.slow
 def test_cli_lower_writes_the_pte_whole_or_not_at_all(
     server_address: str, archive: bytes, tmp_path: Path
 ) -> None:

@@ -147,14 +147,17 @@ def test_lower_matches_local(
     assert result.returncode == 0, result.stdout + result.stderr
     assert again.read_bytes() == local
 
-    # Text output: the report and the file written.
-    result = run_cli(
-        node_client, "lower", str(archive), "-o", str(again), "--partitioner", "xnnpack",
-        "--target", server_address,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "in 1 partition\n" in result.stdout
-    assert f"wrote {again} ({len(local)} bytes, sha256 " in result.stdout
+    # Text output: the report and the file written; into a file that holds it, the file kept.
+    text = tmp_path / "text.pte"
+    for verb in ("wrote", "kept"):
+        result = run_cli(
+            node_client, "lower", str(archive), "-o", str(text), "--partitioner", "xnnpack",
+            "--target", server_address,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "in 1 partition\n" in result.stdout
+        assert f"{verb} {text} ({len(local)} bytes, sha256 " in result.stdout
+        assert text.read_bytes() == local
 
 
 def test_lower_server_error_reason(

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import re
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from servers import inproc_server, launch, served
 from remote_partitioner.client import RemotePartitioner
 from remote_partitioner.client.lower import LowerClient, partitioner_ref
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
-from remote_partitioner.server.blobstore import DirBlobStore
+from remote_partitioner.server.blobstore import Blob, BlobStore, DirBlobStore
 from remote_partitioner.server.blobstore.entries import DirEntryStore
 from remote_partitioner.server.instance import versions_key
 from remote_partitioner.server.results import ResultCache, environment_key, results_directory
@@ -101,6 +102,40 @@ def test_a_repeated_lower_is_answered_from_the_cache_without_a_turn(
             again = client.lower(archive, [partitioner_ref("xnnpack")], report_only=True)
         assert again.pte is None and again.report == result.report
 
+
+
+def test_a_repeat_while_the_first_answer_is_being_stored_is_not_lowered_again(
+    archive: bytes, local_pte: bytes
+) -> None:
+    pte_hash = hashlib.sha256(local_pte).hexdigest()
+    release = threading.Event()
+
+    class SlowVolume(BlobStore):
+        """A store that takes the .pte only once released (a slow or busy volume)."""
+
+        def put(self, hash_: str, size: int, data: Blob, *, hashed: bool = False) -> None:
+            if hash_ == pte_hash:
+                assert release.wait(120), "the test did not release the store"
+            super().put(hash_, size, data, hashed=hashed)
+
+    cache = ResultCache(64 << 20, versions=versions_key())
+    with inproc_server(result_cache=cache, blob_store=SlowVolume()) as (server, target):
+        instance = server.servicer.instance
+        try:
+            assert _lower(target, archive) == local_pte
+            # Not stored yet: with the hook slot taken, only the first answer, held until it
+            # is stored, can answer the repeat in time (a second lowering would wait).
+            with _hook_slot_taken(server):
+                assert _lower(target, archive, timeout=_HIT_SECONDS) == local_pte
+            assert (cache.hits, cache.misses, len(cache)) == (0, 1, 0)
+            assert len(instance.lowerings_being_stored) == 1
+        finally:
+            release.set()
+        _until(lambda: not instance.lowerings_being_stored, "the answer was not stored")
+        assert len(cache) == 1
+        with _hook_slot_taken(server):
+            assert _lower(target, archive, timeout=_HIT_SECONDS) == local_pte
+        assert (cache.hits, cache.misses) == (1, 1)
 
 def test_an_entry_whose_pte_is_gone_is_lowered_again(
     archive: bytes, local_pte: bytes, tmp_path: Path

@@ -554,14 +554,16 @@ class TransformForPreDecompositionResponse(_message.Message):
     def __init__(self, unchanged: _Optional[bool] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., rng_state: _Optional[bytes] = ...) -> None: ...
 
 class LowerRequest(_message.Message):
-    __slots__ = ("archive", "partitioners", "options")
+    __slots__ = ("archive", "partitioners", "options", "held_pte")
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    HELD_PTE_FIELD_NUMBER: _ClassVar[int]
     archive: Digest
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerRef]
     options: LowerOptions
-    def __init__(self, archive: _Optional[_Union[Digest, _Mapping]] = ..., partitioners: _Optional[_Iterable[_Union[PartitionerRef, _Mapping]]] = ..., options: _Optional[_Union[LowerOptions, _Mapping]] = ...) -> None: ...
+    held_pte: Digest
+    def __init__(self, archive: _Optional[_Union[Digest, _Mapping]] = ..., partitioners: _Optional[_Iterable[_Union[PartitionerRef, _Mapping]]] = ..., options: _Optional[_Union[LowerOptions, _Mapping]] = ..., held_pte: _Optional[_Union[Digest, _Mapping]] = ...) -> None: ...
 
 class LowerOptions(_message.Message):
     __slots__ = ("skip_ir_validity_check", "report_only")

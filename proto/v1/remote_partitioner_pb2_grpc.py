@@ -220,15 +220,16 @@ class RemotePartitionerServicer:
         """Lowers a PT2 archive (`torch.export.save`) on the server: `to_edge_transform_and_lower`
         with the given partitioners, then `to_executorch`. The first response message carries the
         delegation report and the `.pte`'s digest; the `.pte` follows in chunks (none when
-        `report_only`). The archive is read without unpickling anything: an archive whose weights,
-        constants or custom objects are pickled is refused.
+        `report_only`, or when the `.pte`'s digest is the request's `held_pte`). The archive is
+        read without unpickling anything: an archive whose weights, constants or custom objects
+        are pickled is refused.
 
         Status codes:
-        * OK: the report, then the `.pte` in order.
+        * OK: the report, then the `.pte` in order (unless the client holds it: `held_pte`).
         * NOT_FOUND: a partitioner is not hosted (reason `UNKNOWN_PARTITIONER`).
-        * INVALID_ARGUMENT: an invalid spec (reason `INVALID_SPEC`), a malformed archive digest
-        (reason `INVALID_DIGEST`), an archive that cannot be read or needs unpickling (reason
-        `INVALID_PROGRAM`), no partitioner given, or lowering raised (reason
+        * INVALID_ARGUMENT: an invalid spec (reason `INVALID_SPEC`), a malformed archive or
+        `held_pte` digest (reason `INVALID_DIGEST`), an archive that cannot be read or needs
+        unpickling (reason `INVALID_PROGRAM`), no partitioner given, or lowering raised (reason
         `PARTITIONER_RAISED`).
         * FAILED_PRECONDITION: the archive blob is missing (reason `BLOB_MISSING`).
         * RESOURCE_EXHAUSTED: past a limit (reason `LIMIT_EXCEEDED`) or overloaded (reason

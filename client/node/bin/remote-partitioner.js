@@ -21,11 +21,13 @@ import {
   RemotePartitionerClient,
   RpcError,
   cpuNodes,
+  digestOf,
   listToJson,
   parseSpec,
   readToken,
   reportToJson,
 } from '../lib/client.js';
+import { DigestCache } from '../lib/digest-cache.js';
 import { writeReport } from '../lib/report-page.js';
 import { DOMAIN } from '../lib/status.js';
 
@@ -400,6 +402,9 @@ async function partitionOrLower(command, argv) {
   if (values.report) checkWritable(values.report, '--report');
   if (values['report-json']) checkWritable(values['report-json'], '--report-json');
   const [model] = positionals;
+  // Neither hash again an archive hashed before, nor download a .pte the output holds.
+  const digests = DigestCache.fromEnvironment();
+  const before = digests?.statusOf(model) ?? null;
   let archive;
   try {
     archive = fs.readFileSync(model);
@@ -407,16 +412,31 @@ async function partitionOrLower(command, argv) {
     throw usage(`cannot read ${model}: ${STRERROR[e.code] ?? e.message}`);
   }
   checkArchive(model, archive);
+  let archiveDigest = digests?.lookup(model) ?? null;
+  if (archiveDigest === null || archiveDigest.size_bytes !== archive.length) {
+    archiveDigest = digestOf(archive);
+    digests?.recordRead(model, before, archiveDigest);
+  }
+  let held = reportOnly ? null : digests?.lookup(values.output) ?? null;
   const client = connect(values);
   let answer;
   try {
-    answer = await client.lower(archive, partitioners, reportOnly ? null : values.output, {
-      report_only: reportOnly,
-      skip_ir_validity_check: Boolean(values['skip-ir-validity-check']),
-    });
+    for (;;) {
+      answer = await client.lower(archive, partitioners, reportOnly ? null : values.output, {
+        report_only: reportOnly,
+        skip_ir_validity_check: Boolean(values['skip-ir-validity-check']),
+        archive_digest: archiveDigest,
+        held_pte: held,
+      });
+      // Kept only if the output did not change while the call ran; else its bytes come.
+      const still = answer.held ? digests.lookup(values.output) : null;
+      if (!answer.held || (still !== null && still.hash === held.hash)) break;
+      held = null;
+    }
   } finally {
     client.close();
   }
+  if (answer.pte && !answer.held) await digests?.recordWritten(values.output, answer.pte);
   const wire = reportToJson(answer.report);
   const received = answer.report?.methods ?? [];
   const saved = {
@@ -435,7 +455,12 @@ async function partitionOrLower(command, argv) {
     return 0;
   }
   reportLines(saved).forEach((line) => print(line));
-  if (output) print(`wrote ${output.path} (${plural(output.bytes, 'byte')}, sha256 ${output.sha256})`);
+  if (output && answer.held) {
+    print(`kept ${output.path} (${plural(output.bytes, 'byte')}, sha256 ${output.sha256}): it ` +
+      'already held this .pte');
+  } else if (output) {
+    print(`wrote ${output.path} (${plural(output.bytes, 'byte')}, sha256 ${output.sha256})`);
+  }
   if (values.report) print(`wrote ${values.report} (open it in a browser)`);
   if (values['report-json']) print(`wrote ${values['report-json']}`);
   return 0;

@@ -467,12 +467,14 @@ export class RemotePartitionerClient {
    * Lowers a PT2 archive on the server (`Lower`) and writes the `.pte` to `outputPath` (unless
    * `options.report_only`). Uploads the archive when the server lacks it, and again if the
    * server lost it before the call (BLOB_MISSING); waits and retries when the server is
-   * OVERLOADED and sends a RetryInfo. Resolves to {report, pte} (pte: the verified digest, or
-   * null when report_only).
+   * OVERLOADED and sends a RetryInfo. Resolves to {report, pte, held} (pte: the verified
+   * digest, or null when report_only). `options.archive_digest`: the archive's digest when the
+   * caller knows it; `options.held_pte`: the digest of the .pte `outputPath` holds, which is
+   * then neither sent nor written when the lowering's .pte is that one (`held` true).
    */
   async lower(archive, partitioners, outputPath, options = {}) {
     await this.useEnvironmentOf(partitioners);
-    const digest = await this.ensureBlob(archive);
+    const digest = await this.ensureBlob(archive, options.archive_digest ?? digestOf(archive));
     const request = {
       archive: digest,
       partitioners,
@@ -481,6 +483,7 @@ export class RemotePartitionerClient {
         report_only: Boolean(options.report_only),
       },
     };
+    if (options.held_pte) request.held_pte = options.held_pte;
     let reuploaded = false;
     for (let attempt = 0; ; attempt += 1) {
       try {
@@ -518,7 +521,7 @@ export class RemotePartitionerClient {
     let received = 0;
     let hash = null;
     let fh = null;
-    const held = [];
+    const parts = [];
     let ok = false;
     try {
       let first = true;
@@ -544,11 +547,22 @@ export class RemotePartitionerClient {
           }
           hash.update(data);
           if (fh !== null) await fh.write(data);
-          else held.push(data);
+          else parts.push(data);
           received += data.length;
         }
       }
       if (first) throw new ClientError('the server ended Lower without a response');
+      const held = request.held_pte;
+      if (pte !== null && received === 0 && held && held.hash === pte.hash
+          && Number(held.size_bytes) === pte.size_bytes) {
+        ok = true; // (the output holds it: the temporary file is removed, nothing written)
+        if (fh !== null) {
+          await fh.close();
+          fh = null;
+          await fs.promises.rm(tmp, { force: true });
+        }
+        return { report, pte, held: true };
+      }
       if (pte !== null) {
         if (received !== pte.size_bytes) {
           throw new ClientError(`received ${received} bytes of a ${pte.size_bytes}-byte .pte`);
@@ -563,13 +577,13 @@ export class RemotePartitionerClient {
           fh = null;
           await fs.promises.rename(tmp, out.target);
         } else {
-          await fs.promises.writeFile(out.target, Buffer.concat(held));
+          await fs.promises.writeFile(out.target, Buffer.concat(parts));
         }
       } else if (!request.options.report_only) {
         throw new ClientError('the server sent no .pte digest');
       }
       ok = true;
-      return { report, pte };
+      return { report, pte, held: false };
     } catch (e) {
       call.cancel();
       if (e && typeof e.code === 'number' && !(e instanceof ClientError)) throw this.rpcError(e);

@@ -244,3 +244,54 @@ test('renderHtml: the CSP allows exactly the inlined scripts, by hash; data cann
   assert.ok(renderHtml(report, { title: '' }).includes('<title></title>'));
   assert.throws(() => renderHtml({ methods: {} }), TypeError);
 });
+
+test('DigestCache: known once settled, forgotten when changed, shared with Python', async () => {
+  const fs = await import('node:fs');
+  const os = await import('node:os');
+  const path = await import('node:path');
+  const { setTimeout: sleep } = await import('node:timers/promises');
+  const { DigestCache, RACY_NS } = await import('../lib/digest-cache.js');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'digest-cache-'));
+  try {
+    const cache = new DigestCache(path.join(dir, 'cache'));
+    const file = path.join(dir, 'model.pt2');
+    const settled = async () => {
+      const st = fs.statSync(file, { bigint: true });
+      const t = st.mtimeNs > st.ctimeNs ? st.mtimeNs : st.ctimeNs;
+      while (BigInt(Date.now()) * 1_000_000n <= t + 2n * RACY_NS) await sleep(10);
+    };
+    fs.writeFileSync(file, 'archive one');
+    assert.equal(cache.lookup(file), null); // no entry
+    const digest = digestOf(fs.readFileSync(file));
+    cache.recordRead(file, cache.statusOf(file), digest);
+    assert.equal(cache.lookup(file), null); // racy: recorded in the tick it was written in
+    await settled();
+    cache.recordRead(file, cache.statusOf(file), digest);
+    assert.deepEqual(cache.lookup(file), digest);
+    // The entry holds the integers as decimal strings (as the Python client writes them).
+    const [name] = fs.readdirSync(path.join(dir, 'cache'));
+    const entry = JSON.parse(fs.readFileSync(path.join(dir, 'cache', name), 'utf8'));
+    assert.equal(name, createHash('sha256').update(fs.realpathSync(file)).digest('hex'));
+    for (const f of ['dev', 'ino', 'size', 'mtime_ns', 'ctime_ns', 'recorded_ns']) {
+      assert.match(entry[f], /^\d+$/);
+    }
+    const fd = fs.openSync(file, 'r+'); // changed in place, the same size
+    fs.writeSync(fd, 'A', 0);
+    fs.closeSync(fd);
+    assert.equal(cache.lookup(file), null);
+    // A file this process wrote is known at once, through a link too.
+    const out = path.join(dir, 'out.pte');
+    fs.writeFileSync(out, 'a program');
+    await cache.recordWritten(out, digestOf(Buffer.from('a program')));
+    fs.symlinkSync(out, path.join(dir, 'link.pte'));
+    assert.deepEqual(cache.lookup(path.join(dir, 'link.pte')), digestOf(Buffer.from('a program')));
+    fs.writeFileSync(path.join(dir, 'cache', name), '{not json');
+    assert.equal(cache.lookup(file), null);
+    assert.equal(cache.lookup(dir), null); // not a regular file
+    assert.equal(DigestCache.fromEnvironment({ REMOTE_PARTITIONER_DIGEST_CACHE: 'off' }), null);
+    assert.equal(DigestCache.fromEnvironment({ XDG_CACHE_HOME: '/x' }).directory,
+      path.join('/x', 'remote-partitioner', 'digests'));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
