@@ -6,6 +6,7 @@
 #   make serve   run the server on $(ADDRESS)
 #   make conformance  ExecuTorch's backend test suite, each hosted flow vs its remote twin
 #   make conformance-openvino  the same for the OpenVINO flows, in .venv-openvino
+#   make conformance-arm  the same for the Arm flows, in .venv-arm
 #   make venv-arm, make venv-openvino  the Arm and OpenVINO servers' environments (make test builds both)
 #   make bench   remote vs local lowering, bytes, memory, worker throughput (BENCH_ARGS=... passes on),
 #                then the load figures (make bench-load: stalled streams, concurrent uploads)
@@ -30,7 +31,7 @@ LINT_PATHS := $(wildcard cli proto server client tests scripts bench)
 
 NODE_CLIENT := client/node
 
-.PHONY: venv venv-arm venv-openvino node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance conformance-openvino clean distclean \
+.PHONY: venv venv-arm venv-openvino node-client proto check-proto lint test test-fast demo serve bench bench-load bench-report conformance conformance-openvino conformance-arm clean distclean \
 	image image-arm image-openvino image-router image-test bench-image
 
 venv: $(STAMP)
@@ -89,8 +90,8 @@ lint: venv
 		-m remote_partitioner.proto.transport
 
 # The Arm and OpenVINO environments too: tests/test_arm.py and tests/test_openvino.py lower
-# through servers running in them (and run the OpenVINO flows' conformance subset there).
-test: venv venv-arm $(VENV_OPENVINO)/.conformance-stamp node-client check-proto lint
+# through servers running in them (and run each environment's conformance subset there).
+test: venv $(VENV_ARM)/.conformance-stamp $(VENV_OPENVINO)/.conformance-stamp node-client check-proto lint
 	ARM_PYTHON=$(abspath $(VENV_ARM))/bin/python OPENVINO_PYTHON=$(abspath $(VENV_OPENVINO))/bin/python \
 		$(BIN)/python -m pytest -q -ra -m "not conformance and not image" --durations=15 \
 		$(PYTEST_ARGS) tests
@@ -186,4 +187,16 @@ conformance-openvino: $(VENV_OPENVINO)/.conformance-stamp
 
 $(VENV_OPENVINO)/.conformance-stamp: $(VENV_OPENVINO)/.installed
 	$(VENV_OPENVINO)/bin/python -m pip install -e '.[openvino,dev,conformance]'
+	touch $@
+
+# The Arm flows (arm_tosa_fp, arm_tosa_int, arm_ethos_u55, arm_ethos_u85) and their twins, in
+# the Arm environment. Ethos-U's run step needs Arm's Corstone FVP, which no registry ships:
+# those tests end PTE_RUN_FAIL on both sides, compared up to the .pte.
+conformance-arm: $(VENV_ARM)/.conformance-stamp
+	$(VENV_ARM)/bin/python scripts/conformance.py \
+		--flows arm_tosa_fp arm_tosa_int arm_ethos_u55 arm_ethos_u85 \
+		--json build/conformance-arm.json --jobs $(CONFORMANCE_JOBS) $(CONFORMANCE_ARGS)
+
+$(VENV_ARM)/.conformance-stamp: $(VENV_ARM)/.installed
+	$(VENV_ARM)/bin/python -m pip install -e '.[arm,dev,conformance]'
 	touch $@

@@ -179,7 +179,8 @@ class LowerClient:
         )
         missing, waits, progress = 0, 0, upload_progress
         environment = self.environment_of(partitioners)
-        digest = archive_digest or digest_of(archive)  # (once, whatever the retries)
+        # (computed once, whatever the retries)
+        digest = archive_digest if archive_digest is not None else digest_of(archive)
         start = into.tell() if into is not None else 0
         while True:
             try:

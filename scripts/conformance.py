@@ -72,12 +72,13 @@ HOSTED_FLOWS = (
 #: so they run with that environment's Python (``make conformance-openvino``), never by default.
 ENVIRONMENT_FLOWS: dict[str, tuple[str, ...]] = {
     "openvino": ("openvino", "openvino_int8"),
+    "arm": ("arm_tosa_fp", "arm_tosa_int", "arm_ethos_u55", "arm_ethos_u85"),
 }
 #: The hosted flows with a quantize stage: the ones ``--remote-quantizer`` applies to.
 QUANTIZING_FLOWS = (
     "xnnpack_static_int8_per_channel", "xnnpack_static_int8_per_tensor",
     "xnnpack_dynamic_int8_per_channel", "coreml_static_int8", "vulkan_static_int8_per_channel",
-    "openvino_int8",
+    "openvino_int8", "arm_tosa_int", "arm_ethos_u55", "arm_ethos_u85",
 )
 SUITES = ("operators", "models")
 #: Appended to a flow's name in tables and logs when the twin quantizes with a
@@ -354,6 +355,56 @@ _CONFIG_CANDIDATES: dict[str, tuple[str, str, dict[str, tuple[object, ...]]]] = 
 }
 
 
+def arm_twin_spec(compile_spec: Any) -> tuple[str, dict[str, Any]]:
+    """The hosted Arm target (``"arm_tosa"``, ``"ethos_u55"``, ``"ethos_u85"``) and the spec
+    from which the server builds a compile spec equal to ``compile_spec`` (a
+    ``TosaCompileSpec`` or ``EthosUCompileSpec``, as ExecuTorch's Arm test flows make them):
+    the TOSA specification; or the MACs, Vela configuration file, system configuration, memory
+    mode and extra Vela options, read back from its Vela command line (ExecuTorch's builder
+    puts the extra options first, then its own).
+
+    Raises:
+        TypeError: naming what differs, when the server's compile spec for that spec is not
+            equal to ``compile_spec`` (intermediate artifacts, debug modes, other options):
+            the twin is never compared with another compile spec.
+    """
+    from executorch.backends.arm.ethosu import EthosUCompileSpec
+
+    from remote_partitioner.server.backends.arm import (
+        ETHOS_U_TARGETS,
+        ethos_u_compile_spec,
+        tosa_compile_spec,
+    )
+
+    spec: dict[str, Any]
+    if isinstance(compile_spec, EthosUCompileSpec):
+        target = str(compile_spec.target)
+        name = next((n for n, (prefix, _, _) in ETHOS_U_TARGETS.items()
+                     if target.startswith(prefix + "-")), None)
+        if name is None:
+            raise TypeError(f"no hosted Ethos-U target {target!r}")
+        flags = list(compile_spec.compiler_flags)
+        own = next((i for i, f in enumerate(flags) if f.startswith("--accelerator-config=")),
+                   len(flags))
+        spec = {"macs": int(target.rsplit("-", 1)[1])}
+        for flag in flags[own:]:
+            option, _, value = flag.partition("=")
+            key = {"--config": "config_ini", "--system-config": "system_config",
+                   "--memory-mode": "memory_mode"}.get(option)
+            if key is not None:
+                spec[key] = value
+        if flags[:own]:
+            spec["extra_flags"] = " ".join(flags[:own])
+        rebuilt = ethos_u_compile_spec(name, spec)
+    else:
+        name, spec = "arm_tosa", {"tosa_spec": str(compile_spec.tosa_spec)}
+        rebuilt = tosa_compile_spec(spec)
+    if rebuilt != compile_spec:
+        raise TypeError(f"no hosted {name} spec rebuilds the compile spec {vars(compile_spec)} "
+                        f"(the server would build {vars(rebuilt)})")
+    return name, spec
+
+
 def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
     """The hosted quantizer (``"xnnpack"``, ``"vulkan"``, ``"coreml"``, ``"openvino"``) and
     spec whose ``RemoteQuantizer`` rebuilds ``quantizer`` exactly as the server builds it,
@@ -372,6 +423,11 @@ def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
     * ``CoreMLQuantizer``: ``{}`` when its config equals the one ExecuTorch's Core ML tester
       quantizes with (``_get_static_int8_linear_qconfig()``), which the server's ``coreml``
       quantizer builds for ``{}``.
+    * ``TOSAQuantizer`` / ``EthosUQuantizer``: the hosted Arm target and compile spec keys of
+      its compile spec (:func:`arm_twin_spec`), and the arguments of the Arm
+      ``get_symmetric_quantization_config`` call (``functools.lru_cache``d, found as for
+      XNNPACK) whose object is its global config; nothing else set (no ``set_io``, no
+      operator or module configs).
 
     Raises:
         TypeError: naming ``quantizer``, when no spec rebuilds it (another class, a config made
@@ -422,6 +478,10 @@ def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
             reference = OpenVINOQuantizer(mode=quantizer.mode)
             if settings(reference) == settings(quantizer):
                 return "openvino", ({} if mode == "int8_sym" else {"mode": mode})
+    if kind in ("TOSAQuantizer", "EthosUQuantizer"):
+        arm = _arm_quantizer_spec(quantizer)
+        if arm is not None:
+            return arm
     if kind == "CoreMLQuantizer":
         from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
         from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
@@ -431,6 +491,43 @@ def quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]]:
             return "coreml", {}
     raise TypeError(f"no hosted quantizer and spec rebuild {quantizer!r} ({kind}): a "
                     "RemoteQuantizer would quantize with another configuration")
+
+
+def _arm_quantizer_spec(quantizer: Any) -> tuple[str, dict[str, Any]] | None:
+    """:func:`quantizer_spec` for an Arm quantizer, or None when no spec rebuilds it."""
+    import itertools
+
+    from executorch.backends.arm.quantizer import (
+        EthosUQuantizer,
+        TOSAQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from executorch.backends.arm.util._factory import create_quantizer
+
+    if type(quantizer) not in (TOSAQuantizer, EthosUQuantizer):
+        return None
+    inner = quantizer.quantizer
+    name, target_spec = arm_twin_spec(inner.compile_spec)
+    candidates = {"is_per_channel": (True, False), "is_qat": (False, True),
+                  "is_dynamic": (False, True)}
+    options = [[(key, value) for value in values] for key, values in candidates.items()]
+    for n in range(len(options) + 1):
+        for keys in itertools.combinations(options, n):
+            for combination in itertools.product(*keys):
+                config_spec = dict(combination)
+                config = get_symmetric_quantization_config(**config_spec)
+                if config is not inner.global_config:
+                    continue
+                reference = create_quantizer(inner.compile_spec)
+                reference.set_global(config)
+                ref = reference.quantizer
+                same = (type(reference) is type(quantizer)
+                        and reference.use_composable_quantizer == quantizer.use_composable_quantizer
+                        and type(ref) is type(inner) and ref.compile_spec == inner.compile_spec
+                        and ref._quantizers == inner._quantizers == []
+                        and ref._graph_annotations == inner._graph_annotations == {})
+                return (name, {**target_spec, **config_spec}) if same else None
+    return None
 
 
 def _remote_quantizer(quantizer: Any, target: str) -> Any:
@@ -485,6 +582,17 @@ def _remote_twin(
         if keywords.get("minimum_deployment_target") is not None:
             spec["minimum_deployment_target"] = keywords["minimum_deployment_target"].name
         return RemotePartitioner(target, "coreml", spec, **options)
+    if kind in ("TOSAPartitioner", "EthosUPartitioner"):
+        from executorch.backends.arm.util._factory import create_partitioner
+
+        name, spec = arm_twin_spec(partitioner.compile_spec)
+        reference = create_partitioner(partitioner.compile_spec)
+        if (type(reference) is not type(partitioner) or partitioner.additional_checks
+                or reference.delegation_spec.compile_specs
+                != partitioner.delegation_spec.compile_specs):
+            raise TypeError(f"no remote twin for this {kind}: it was not built as "
+                            "create_partitioner(compile_spec) builds it")
+        return RemotePartitioner(target, name, spec, **options)
     if kind == "OpenvinoPartitioner":
         spec = {}
         for compile_spec in partitioner.delegation_spec.compile_specs:
@@ -796,6 +904,22 @@ class ConformancePlugin:
 
             tester.stage_classes = {**tester.stage_classes,
                                     StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
+            if type(tester).__name__ == "ArmTester":
+                # ArmTester builds its stage itself, not from stage_classes, with the
+                # partitioner create_partitioner(compile_spec) makes: given the twin instead.
+                from executorch.backends.arm.util._factory import create_partitioner
+
+                lower = tester.to_edge_transform_and_lower
+
+                def remote_lower(stage: Any = None, *a: Any, **k: Any) -> Any:
+                    if stage is not None or k.get("partitioners") is not None:
+                        raise TypeError("the Arm twin lowers as the suite does: no stage or "
+                                        "partitioners given")
+                    k["partitioners"] = [_remote_twin(create_partitioner(tester.compile_spec),
+                                                      target, flow, remote_preprocess)]
+                    return lower(None, *a, **k)
+
+                tester.to_edge_transform_and_lower = remote_lower
             return tester
 
         return factory
@@ -844,6 +968,17 @@ class ConformancePlugin:
 
             tester.stage_classes = {**tester.stage_classes,
                                     StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
+            if type(tester).__name__ == "ArmTester":
+                # (its stage is not built from stage_classes: the state after the call)
+                lower = tester.to_edge_transform_and_lower
+
+                def lower_and_record(*a: Any, **k: Any) -> Any:
+                    out = lower(*a, **k)
+                    state = torch.get_rng_state().numpy().tobytes()
+                    rng.append(hashlib.sha256(state).hexdigest())
+                    return out
+
+                tester.to_edge_transform_and_lower = lower_and_record
             quantize = tester.quantize
 
             def quantize_and_record(stage: Any = None) -> Any:

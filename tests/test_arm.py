@@ -225,3 +225,39 @@ def test_one_address_serves_the_arm_environment(
     assert got["rng_after"] == want["rng_after"]
     for a, b in zip(local, front, strict=True):
         assert Path(a["out"]).read_bytes() == Path(b["out"]).read_bytes(), (a["name"], a["model"])
+
+
+def test_conformance_subset_in_the_arm_environment(arm_python: str, tmp_path: Path) -> None:
+    """ExecuTorch's suite flows ``arm_tosa_int``, ``arm_ethos_u55`` and ``arm_ethos_u85`` and
+    their remote twins, the quantizer remote too, on one operator test, run by
+    ``scripts/conformance.py`` in the Arm environment (``make conformance-arm`` runs them
+    all): every comparison identical (outcome, ``.pte`` bytes, generator state); the TOSA
+    program runs on tosa-tools' reference model, the Ethos-U ones stop at the run step on both
+    sides (no Corstone FVP) with the same ``.pte``; the twins quantized with the
+    ``RemoteQuantizer`` that rebuilds each flow's quantizer, compile spec included."""
+    out = tmp_path / "conformance.json"
+    proc = subprocess.run(
+        [arm_python, str(ROOT / "scripts" / "conformance.py"), "--suite", "operators",
+         "--flows", "arm_tosa_int", "arm_ethos_u55", "arm_ethos_u85", "--remote-quantizer",
+         "-k", "test_add_f32_bcast_first", "--json", str(out)],
+        capture_output=True, text=True, timeout=FLOW_SECONDS, check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    compared = {c["flow"]: c for c in json.loads(out.read_text())["comparisons"]}
+    assert sorted(compared) == [f"{f}+remote-quantizer" for f in
+                                ("arm_ethos_u55", "arm_ethos_u85", "arm_tosa_int")]
+    assert [c for c in compared.values() if not c["identical"]] == []
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    tosa, u55, u85 = (compared[f"{f}+remote-quantizer"]
+                      for f in ("arm_tosa_int", "arm_ethos_u55", "arm_ethos_u85"))
+    assert tosa["local"]["result"] == "SUCCESS"
+    for c in (u55, u85):
+        assert c["local"]["result"] == "PTE_RUN_FAIL" and "executor_runner" in c["local"]["error"]
+    for c in (tosa, u55, u85):
+        assert c["local"]["pte_sha256"] is not None
+        assert c["local"]["pte_sha256"] == c["remote"]["pte_sha256"]
+    assert tosa["remote"]["quantizer"] == (
+        "RemoteQuantizer('arm_tosa', {'tosa_spec': 'TOSA-1.0+INT', 'is_per_channel': True})")
+    assert u55["remote"]["quantizer"].startswith("RemoteQuantizer('ethos_u55', {'macs': 128, ")
+    assert u85["remote"]["quantizer"].startswith("RemoteQuantizer('ethos_u85', {'macs': 128, ")
