@@ -78,6 +78,7 @@ def lower(
     with instance.lowerings_lock:
         being_stored = instance.lowerings_being_stored.get(key)
     if being_stored is not None:  # a repeat that came before the first answer was stored
+        instance.results.count_hit()
         return dataclasses.replace(being_stored, cached=True)
     hit = _cached(instance, key, request)
     if hit is not None:

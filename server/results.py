@@ -154,6 +154,12 @@ class ResultCache:
             return None
         return response
 
+    def count_hit(self) -> None:
+        """Count a lookup its caller answered from memory outside the cache (a ``Lower``
+        answer still being stored, :mod:`~remote_partitioner.server.lower_call`) as a hit."""
+        with self._lock:
+            self.hits += 1
+
     def put(self, key: str, response: Message) -> None:
         """Store ``response`` under ``key`` (a response larger than the cache is not kept)."""
         data = response.SerializeToString(deterministic=True)
