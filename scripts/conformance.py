@@ -1159,8 +1159,9 @@ def _commit() -> str:
 
 def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
     """The comparisons and complete-test lines of ``.jsonl`` logs, for the tests the logs hold
-    complete (an interrupted test's comparisons are left out); a test logged more than once
-    counts as its last complete run. A test that failed without a single comparison is not
+    complete (an interrupted test's comparisons are left out, also when the test ran again
+    after it: each run's comparisons start at subtest 0); a test logged more than once counts
+    as its last complete run. A test that failed without a single comparison is not
     complete but ``uncompared`` (its failure says nothing of the remote path: a pytest-timeout
     that interrupts torch mid-dispatch leaves the process failing every later test with
     "PythonDispatcherTLS was not set"), so ``--resume`` runs it again; so is a test that timed
@@ -1183,6 +1184,8 @@ def read_log(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
                 complete[key] = line
                 runs[key] = run
             else:
+                if line.get("subtest") == 0:  # a run of the test starts: any lines before
+                    pending[key] = []  # it are an interrupted run's (never complete)
                 pending.setdefault(key, []).append(line)
     return {"complete": list(complete.values()),
             "comparisons": [c for key in complete for c in runs.get(key, [])],

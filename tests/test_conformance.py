@@ -260,10 +260,13 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     model = "test_alexnet[xnnpack-static_shapes-float32]"
     second.write_text("\n".join(json.dumps(x) for x in [
         comparison("t1[xnnpack]", True), complete("t1[xnnpack]"),
-        comparison(model, True), complete(model)]))
+        comparison(model, True), complete(model),
+        # t7 interrupted after two comparisons, then run again whole: its second run only
+        comparison("t7[xnnpack]", False), comparison("t7[xnnpack]", False, 1),
+        comparison("t7[xnnpack]", True), complete("t7[xnnpack]")]))
     log = conformance.read_log([first, second])
     assert sorted(c["test"] for c in log["comparisons"]) == [
-        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]", model]
+        "t1[xnnpack]", "t2[xnnpack]", "t2[xnnpack]", "t5[xnnpack]", "t7[xnnpack]", model]
     assert [t["test"] for t in log["uncompared"]] == ["t4[xnnpack]", "t6[xnnpack]"]
     text, differing = conformance.summarize_logs(
         [first, second], ["xnnpack"])
@@ -271,7 +274,7 @@ def test_accumulated_logs_count_complete_tests_only(tmp_path: Path) -> None:
     rows = conformance.log_table(log, ["xnnpack"])
     assert list(rows) == ["xnnpack, operators", "xnnpack, models"]
     assert {k: rows["xnnpack, operators"][k] for k in ("complete", "tests", "identical")} == {
-        "complete": 3, "tests": 4, "identical": 4}
+        "complete": 4, "tests": 5, "identical": 5}
     assert {k: rows["xnnpack, models"][k] for k in ("complete", "tests", "identical")} == {
         "complete": 1, "tests": 1, "identical": 1}
     assert ("timed out or failed without a comparison (not complete, --resume reruns them): "
