@@ -949,36 +949,31 @@ class ConformancePlugin:
 
             coremltools_fresh_state()
 
+        def recording_rng(call: Callable[..., Any]) -> Callable[..., Any]:
+            """``call``, then the generator's state after it appended to ``rng``."""
+            def run_and_record(*a: Any, **k: Any) -> Any:
+                out = call(*a, **k)
+                state = torch.get_rng_state().numpy().tobytes()
+                rng.append(hashlib.sha256(state).hexdigest())
+                return out
+
+            return run_and_record
+
         def factory(*args: Any, **kwargs: Any) -> Any:
             tester = make_tester(*args, **kwargs)
             make = tester.stage_classes[StageType.TO_EDGE_TRANSFORM_AND_LOWER]
 
             def make_stage(*a: Any, **k: Any) -> Any:
                 stage = make(*a, **k)
-                run = stage.run
-
-                def run_and_record(*ra: Any, **rk: Any) -> Any:
-                    out = run(*ra, **rk)
-                    state = torch.get_rng_state().numpy().tobytes()
-                    rng.append(hashlib.sha256(state).hexdigest())
-                    return out
-
-                stage.run = run_and_record
+                stage.run = recording_rng(stage.run)
                 return stage
 
             tester.stage_classes = {**tester.stage_classes,
                                     StageType.TO_EDGE_TRANSFORM_AND_LOWER: make_stage}
             if type(tester).__name__ == "ArmTester":
                 # (its stage is not built from stage_classes: the state after the call)
-                lower = tester.to_edge_transform_and_lower
-
-                def lower_and_record(*a: Any, **k: Any) -> Any:
-                    out = lower(*a, **k)
-                    state = torch.get_rng_state().numpy().tobytes()
-                    rng.append(hashlib.sha256(state).hexdigest())
-                    return out
-
-                tester.to_edge_transform_and_lower = lower_and_record
+                tester.to_edge_transform_and_lower = recording_rng(
+                    tester.to_edge_transform_and_lower)
             quantize = tester.quantize
 
             def quantize_and_record(stage: Any = None) -> Any:
