@@ -444,11 +444,25 @@ def test_coreml() -> None:
     from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
     from executorch.backends.apple.coreml.test.tester import _get_static_int8_linear_qconfig
 
+    from remote_partitioner.server.pattern_memo import memoize_coreml_pattern_graphs
+
     config = _get_static_int8_linear_qconfig()
     gm0 = _exported(_Linear(), _linear_inputs())
-    # Two annotate calls (each strictly exports 405 pattern graphs: about 48 s here), not three:
-    # the message and the comparison of the annotations are the ones the wire quantizer made.
-    msg = assert_drives_torchao_identically(gm0, CoreMLQuantizer(config), _linear_inputs())
+    # Two annotate calls, not three: the message and the comparison of the annotations are the
+    # ones the wire quantizer made. Each strictly exports 405 pattern graphs (about 48 s here);
+    # with the server's pattern memo installed, the local call is its miss (exactly the
+    # unmemoized export, by the memo's contract) and the wire call its hits (deep copies), so
+    # the test also checks that the memo quantizes as Core ML's own export does, in half the
+    # time.
+    from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils
+
+    assert not getattr(_coreml_quantizer_utils._get_aten_graph_module, "memoized", False)
+    restore = memoize_coreml_pattern_graphs()
+    assert restore is not None
+    try:
+        msg = assert_drives_torchao_identically(gm0, CoreMLQuantizer(config), _linear_inputs())
+    finally:
+        restore()
     keywords = {k.WhichOneof("value") for c in msg.constructors for k in c.partial.keywords}
     assert {"dtype", "qscheme", "constructor"} <= keywords
 
