@@ -200,8 +200,9 @@ def memoize_coreml_pattern_graphs() -> Callable[[], None] | None:
     (:func:`pattern_key`). The example inputs are still drawn by the quantizer
     (``torch.randn``), so the random generator moves as without the memo. It changes only the
     quantize stage (``annotate``), which runs before any partitioner.
-    ``tests/test_annotations.py::test_coreml`` checks that a quantized program is the same with
-    and without it (its miss against its hits).
+    ``tests/test_conformance.py`` checks that a quantized program is the same with and without
+    it, and ``tests/test_annotations.py::test_coreml`` (in ``make test``) its miss against its
+    hits.
     """
     try:
         from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as utils
