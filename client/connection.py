@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -32,6 +32,8 @@ from remote_partitioner.proto.digests import digest_of
 from remote_partitioner.proto.transport import ENVIRONMENT_METADATA_KEY
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
+
+_Entry = TypeVar("_Entry", pb.PartitionerInfo, pb.QuantizerInfo)
 
 
 class _Snapshot:
@@ -118,11 +120,28 @@ def environment_info(listing: pb.ListPartitionersResponse, name: str) -> pb.Envi
     )
 
 
-def unavailable_environments(listing: pb.ListPartitionersResponse) -> str:
-    """What ``listing`` says of the environments it could not list ("" if none), for a
-    message that says an entry was not found: it may be theirs."""
-    return "".join(f"; environment {e.name} is not available: {e.error}"
-                   for e in listing.environments if e.error)
+def listed_entry(
+    listing: pb.ListPartitionersResponse, entries: Iterable[_Entry], name: str, target: str,
+    kind: str, error: type[RemotePartitionerError], reason: errors.Reason,
+) -> _Entry:
+    """The entry of ``entries`` (a listing's partitioners or quantizers) named ``name``.
+
+    Raises:
+        RemotePartitionerError: ``error`` (NOT_FOUND, with ``reason``) naming what the server
+            at ``target`` hosts of this ``kind``, and the environments ``listing`` could not
+            list (the entry may be theirs).
+    """
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    names = ", ".join(e.name for e in entries) or "none"
+    unavailable = "".join(f"; environment {e.name} is not available: {e.error}"
+                          for e in listing.environments if e.error)
+    raise error(
+        f"server at {target} hosts no {kind} {name!r}; hosted: {names}{unavailable}",
+        grpc.StatusCode.NOT_FOUND,
+        reason.value,
+    )
 
 
 class ServerConnection:
@@ -431,6 +450,6 @@ __all__ = [
     "ServerConnection",
     "apply_rng_state",
     "environment_info",
+    "listed_entry",
     "set_rng_state",
-    "unavailable_environments",
 ]

@@ -17,8 +17,8 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 
 from remote_partitioner.client.connection import (
     ServerConnection,
+    listed_entry,
     set_rng_state,
-    unavailable_environments,
 )
 from remote_partitioner.client.errors import (
     FingerprintMismatchError,
@@ -186,18 +186,10 @@ class RemoteQuantizer(Quantizer, ServerConnection):
         """
         if self._info is None:
             listing = self._server_listing()
-            for q in listing.quantizers:
-                if q.name == self.quantizer_name:
-                    self._info = q
-                    break
-            else:
-                names = ", ".join(q.name for q in listing.quantizers) or "none"
-                raise QuantizerNotFoundError(
-                    f"server at {self.target} hosts no quantizer {self.quantizer_name!r}; "
-                    f"hosted: {names}{unavailable_environments(listing)}",
-                    grpc.StatusCode.NOT_FOUND,
-                    errors.Reason.UNKNOWN_QUANTIZER.value,
-                )
+            self._info = listed_entry(
+                listing, listing.quantizers, self.quantizer_name, self.target, "quantizer",
+                QuantizerNotFoundError, errors.Reason.UNKNOWN_QUANTIZER,
+            )
             try:
                 versions = self._environment_info().versions
             except RemotePartitionerError:

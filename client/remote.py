@@ -24,7 +24,7 @@ from remote_partitioner.client import report
 from remote_partitioner.client.connection import (
     ServerConnection,
     apply_rng_state,
-    unavailable_environments,
+    listed_entry,
 )
 from remote_partitioner.client.errors import (
     PartitionerNotFoundError,
@@ -149,19 +149,11 @@ class RemotePartitioner(Partitioner, ServerConnection):
     def info(self) -> pb.PartitionerInfo:
         """The hosted partitioner's description (fetched once)."""
         if self._info is None:
-            response = self._server_listing()
-            for p in response.partitioners:
-                if p.name == self.partitioner_name:
-                    self._info = p
-                    break
-            else:
-                names = ", ".join(p.name for p in response.partitioners) or "none"
-                raise PartitionerNotFoundError(
-                    f"server at {self.target} hosts no partitioner {self.partitioner_name!r}; "
-                    f"hosted: {names}{unavailable_environments(response)}",
-                    grpc.StatusCode.NOT_FOUND,
-                    errors.Reason.UNKNOWN_PARTITIONER.value,
-                )
+            listing = self._server_listing()
+            self._info = listed_entry(
+                listing, listing.partitioners, self.partitioner_name, self.target,
+                "partitioner", PartitionerNotFoundError, errors.Reason.UNKNOWN_PARTITIONER,
+            )
             try:
                 self._environment_info()  # its environment's versions checked before any use
             except RemotePartitionerError:
