@@ -64,9 +64,9 @@ from remote_partitioner.server.quantizers import (
 )
 from remote_partitioner.server.registry import (
     InvalidSpecError,
+    NamedRegistry,
     Registry,
     SpecKey,
-    UnknownPartitionerError,
 )
 from remote_partitioner.server.results import ResultCache, environment_key
 from remote_partitioner.server.settings import Limits
@@ -162,6 +162,34 @@ def partitioner_raised(
         {EXCEPTION_TYPE: r.type, EXCEPTION_MESSAGE: r.message, EXCEPTION_TRACEBACK: r.traceback,
          **({EXCEPTION_WITHOUT_ARGUMENTS: "true"} if r.without_arguments else {})},
     )
+
+
+def build_hosted(
+    registry: NamedRegistry[Any], ref: pb.PartitionerRef | pb.QuantizerRef, unknown: Reason,
+    name_field: str | None = None,
+) -> Any:
+    """Build what ``ref`` names in ``registry`` (a hosted partitioner or quantizer) from its
+    spec; ``name_field`` is the request field an unknown name is reported against.
+
+    Raises:
+        ServiceError: ``unknown``; INVALID_SPEC (a duplicate, unknown or ill-typed key, with
+            the key and the type expected); PARTITIONER_RAISED (the hosted code's own
+            constructor or configuration refused the spec).
+    """
+    try:
+        hosted = registry.get(ref.name)
+    except registry.unknown as e:
+        raise ServiceError(unknown, str(e), field=name_field) from e
+    spec = spec_from_message(ref.spec)
+    try:
+        return hosted.create(spec)
+    except InvalidSpecError as e:
+        raise ServiceError(
+            Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
+            field=f"{registry.kind}.spec[{e.key}]",
+        ) from e
+    except Exception as e:  # the hosted code refused the spec
+        raise partitioner_raised(hooks.remote_exception(e), f"the hosted {registry.kind}") from e
 
 
 def _list_spec_keys(out: Any, keys: Iterable[SpecKey]) -> None:
@@ -683,20 +711,7 @@ class PartitionerInstance:
             ServiceError: UNKNOWN_PARTITIONER; INVALID_SPEC (a duplicate key, an unknown key
                 or a value of the wrong type); PARTITIONER_RAISED (its constructor refused).
         """
-        try:
-            hosted = self.registry.get(ref.name)
-        except UnknownPartitionerError as e:
-            raise ServiceError(Reason.UNKNOWN_PARTITIONER, str(e)) from e
-        spec = spec_from_message(ref.spec)
-        try:
-            return hosted.create(spec)
-        except InvalidSpecError as e:
-            raise ServiceError(
-                Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
-                field=f"partitioner.spec[{e.key}]",
-            ) from e
-        except Exception as e:  # the partitioner's own constructor refused the spec
-            raise partitioner_raised(hooks.remote_exception(e)) from e
+        return build_hosted(self.registry, ref, Reason.UNKNOWN_PARTITIONER)
 
     def _program(self, request: HookRequest) -> pb.Program:
         """The request's program: inline, or read from the ``program_digest`` blob."""

@@ -27,15 +27,10 @@ import torch
 from torch.export import ExportedProgram
 
 from remote_partitioner.proto import codec
-from remote_partitioner.proto.errors import EXPECTED_TYPE, SPEC_KEY, Reason, ServiceError
+from remote_partitioner.proto.errors import Reason, ServiceError
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server import hooks, value_reads
-from remote_partitioner.server.instance import (
-    PartitionerInstance,
-    partitioner_raised,
-    spec_from_message,
-)
-from remote_partitioner.server.quantizers import InvalidSpecError, UnknownQuantizerError
+from remote_partitioner.server.instance import PartitionerInstance, build_hosted
 
 logger = logging.getLogger(__name__)
 _M = TypeVar("_M")
@@ -48,20 +43,9 @@ def build_quantizer(instance: PartitionerInstance, ref: pb.QuantizerRef) -> Any:
         ServiceError: UNKNOWN_QUANTIZER; INVALID_SPEC (a duplicate, unknown or ill-typed
             key); PARTITIONER_RAISED (its constructor refused the spec).
     """
-    try:
-        hosted = instance.quantizers.get(ref.name)
-    except UnknownQuantizerError as e:
-        raise ServiceError(Reason.UNKNOWN_QUANTIZER, str(e), field="quantizer.name") from e
-    spec = spec_from_message(ref.spec)
-    try:
-        return hosted.build(spec)
-    except InvalidSpecError as e:
-        raise ServiceError(
-            Reason.INVALID_SPEC, str(e), {SPEC_KEY: e.key, EXPECTED_TYPE: e.expected},
-            field=f"quantizer.spec[{e.key}]",
-        ) from e
-    except Exception as e:  # the quantizer's own configuration refused the spec
-        raise partitioner_raised(hooks.remote_exception(e), "the hosted quantizer") from e
+    return build_hosted(
+        instance.quantizers, ref, Reason.UNKNOWN_QUANTIZER, name_field="quantizer.name"
+    )
 
 
 def run(
