@@ -25,7 +25,10 @@ and Core ML PT2E quantizers' patterns, which the ``Quantize`` RPC runs); :func:`
 installs the three. ``remote-partitioner serve`` installs them in its own process
 (``--no-pattern-memo`` turns them off), and so does ``scripts/conformance.py`` in its runner;
 :func:`~remote_partitioner.server.app.create_server` does not, as it may run in a process
-whose modules are not the server's to patch. ``tests/test_pattern_memo.py`` checks that the
+whose modules are not the server's to patch. :func:`memoize_torchao_qat_pattern_graphs`
+(torchao's own QAT conv-batch norm patterns, which ``prepare_qat_pt2e`` and ``convert_pt2e``
+export where the program is quantized, on the client) is for a client process's own use: the
+tests install it around their QAT comparisons. ``tests/test_pattern_memo.py`` checks that the
 graphs, quantized programs and the generator are the same with and without them, and that a
 memoized server lowers to the local, unmemoized ``.pte``.
 """
@@ -107,13 +110,17 @@ class GraphMemo:
 def memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
     """``export(pattern, example_inputs, is_cuda=False, **kwargs)``, a quantizer's function
     that exports a pattern module, memoized by :func:`pattern_key`. Returns ``export`` itself
-    if it is already memoized."""
+    if it is already memoized.
+
+    ``kwargs`` are the pattern's keyword inputs, which ``export`` hands to ``torch.export`` as
+    the example inputs are (torchao's QAT patterns take their scales, zero points and conv
+    bias so): they are in the key by :func:`_keyword_inputs_key`."""
     if getattr(export, "memoized", False):
         return export
     graphs = GraphMemo()
 
     def memoized(pattern: Any, example_inputs: Any, is_cuda: bool = False, **kwargs: Any) -> Any:
-        key = pattern_key(pattern, example_inputs, is_cuda, tuple(sorted(kwargs.items())))
+        key = pattern_key(pattern, example_inputs, is_cuda, _keyword_inputs_key(kwargs))
 
         # A miss (or a pattern without a key) is the quantizer's own call, exactly.
         def call() -> Any:
@@ -123,6 +130,19 @@ def memoized_pattern_export(export: Callable[..., Any]) -> Callable[..., Any]:
 
     memoized.memoized = True  # type: ignore[attr-defined]
     return memoized
+
+
+def _keyword_inputs_key(kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The key of a pattern's keyword inputs: a tensor by its shape, dtype, layout and
+    ``requires_grad`` (``torch.export`` traces it as an input, whatever its values, as it does
+    the example inputs: :func:`pattern_key`), any other value by itself."""
+    import torch
+
+    return tuple(
+        (name, ("tensor", value.shape, value.dtype, value.layout, value.requires_grad)
+         if isinstance(value, torch.Tensor) else value)
+        for name, value in sorted(kwargs.items())
+    )
 
 
 class _PendingExport:
@@ -230,6 +250,30 @@ def memoize_xnnpack_pattern_graphs() -> Callable[[], None] | None:
     except ImportError:
         return None
     return _memoize_module_export(utils, "_get_aten_graph_module_for_pattern")
+
+
+def memoize_torchao_qat_pattern_graphs() -> Callable[[], None] | None:
+    """Export each of torchao's QAT conv-batch norm pattern graphs once per process; returns
+    the function that puts the unmemoized export back (a no-op when the memo was already
+    installed), or None when torchao does not import.
+
+    ``prepare_qat_pt2e`` (``_fuse_conv_bn_qat``) and ``convert_pt2e`` (``_fold_conv_bn_qat``,
+    for a program with batch norm) export their conv-bn patterns with ``torch.export`` on
+    every call (torchao's ``_get_aten_graph_module_for_pattern``, as ``qat_utils`` holds it;
+    ``convert_pt2e`` alone exports 96 for a conv2d-bn program, with each per-channel pattern's
+    scales, zero points and conv bias as keyword inputs): measured, 75 % of
+    ``tests/test_quantize.py::test_qat_gives_the_local_program``. Memoized as
+    :func:`memoize_xnnpack_pattern_graphs` is. These run where the program is quantized, on
+    the client, never in the server: :func:`install_all` leaves this memo out. The QAT tests
+    install it around a local-then-remote comparison (the local run its misses, the remote run
+    its hits), and ``tests/test_pattern_memo.py`` checks that a hit is the graph a fresh
+    export makes.
+    """
+    try:
+        from torchao.quantization.pt2e import qat_utils
+    except ImportError:
+        return None
+    return _memoize_module_export(qat_utils, "_get_aten_graph_module_for_pattern")
 
 
 def _memoize_module_export(module: Any, name: str) -> Callable[[], None]:

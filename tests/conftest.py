@@ -137,3 +137,24 @@ def inproc_server() -> Iterator[tuple[object, str]]:
     store = BlobStore()
     with servers.inproc_server(blob_store=store) as (_, target):
         yield store, target
+
+
+@pytest.fixture()
+def torchao_qat_memo() -> Iterator[None]:
+    """torchao's QAT conv-batch norm pattern graphs memoized for the test
+    (``pattern_memo.memoize_torchao_qat_pattern_graphs``; ``prepare_qat_pt2e`` and
+    ``convert_pt2e`` export them on every call, most of a QAT test's time): the test's first QAT
+    run (its local one) makes exactly torchao's own exports, the later runs get deep copies of
+    them (tests/test_pattern_memo.py checks that a copy is a fresh export's graph). The process
+    starts unmemoized and is unmemoized again after the test."""
+    from torchao.quantization.pt2e import qat_utils
+
+    from remote_partitioner.server.pattern_memo import memoize_torchao_qat_pattern_graphs
+
+    assert not getattr(qat_utils._get_aten_graph_module_for_pattern, "memoized", False)
+    restore = memoize_torchao_qat_pattern_graphs()
+    assert restore is not None
+    try:
+        yield
+    finally:
+        restore()

@@ -171,3 +171,55 @@ def test_memoized_xnnpack_quantizer_patterns_quantize_the_same() -> None:
         assert len(exports) == 3 * unmemoized  # exported again once restored
     finally:
         utils._get_aten_graph_module_for_pattern = original
+
+
+def test_memoized_torchao_qat_patterns_are_fresh_exports() -> None:
+    """torchao's QAT conv-bn patterns, as ``convert_pt2e`` exports them (a per-channel pattern
+    with its scales, zero points and conv bias as keyword inputs, drawn anew each time): the
+    second build of a pattern is a hit (nothing exported) whose graph is the one a fresh
+    export gives, a pattern with other flags or other input shapes is a miss, and the memo can
+    be taken out again."""
+    import torch.nn.functional as F
+    from torchao.quantization.pt2e import qat_utils
+
+    from remote_partitioner.server.pattern_memo import memoize_torchao_qat_pattern_graphs
+
+    original = qat_utils._get_aten_graph_module_for_pattern
+    assert not getattr(original, "memoized", False), "this process must start unmemoized"
+    exports: list[object] = []
+
+    def export_counted(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return original(*args, **kwargs)
+
+    def build(bn_is_training: bool, conv_dims: int = 2) -> tuple[list[tuple[str, str]], str]:
+        """A pattern's graph, built as ``_fold_conv_bn_qat`` builds it: its example inputs
+        and keyword inputs drawn anew."""
+        example_inputs = (torch.randn(1, 1, *[3] * conv_dims),  # x
+                          torch.randn(1, 1, *[1] * conv_dims),  # conv_weight
+                          *(torch.randn(1) for _ in range(4)))  # bn's weight, bias, mean, var
+        kwargs = qat_utils._get_quantized_conv_bn_example_inputs_kwargs(True, True, True, False)
+        pattern = qat_utils._get_quantized_qat_conv_bn_pattern(
+            True, True, True, F.conv2d if conv_dims == 2 else F.conv1d, bn_is_training)
+        graph = qat_utils._get_aten_graph_module_for_pattern(
+            pattern, example_inputs, False, **kwargs)
+        return [(n.name, str(n.target)) for n in graph.graph.nodes], graph.code
+
+    qat_utils._get_aten_graph_module_for_pattern = export_counted
+    try:
+        fresh = build(False)
+        restore = memoize_torchao_qat_pattern_graphs()
+        assert restore is not None
+        try:
+            assert memoize_torchao_qat_pattern_graphs() is not None  # installing twice: a no-op
+            assert build(False) == fresh and len(exports) == 2  # a miss
+            assert build(False) == fresh and len(exports) == 2  # a hit
+            assert build(True) != fresh and len(exports) == 3  # other flags
+            build(False, conv_dims=1)
+            assert len(exports) == 4  # other input shapes
+        finally:
+            restore()
+        assert qat_utils._get_aten_graph_module_for_pattern is export_counted
+        assert build(False) == fresh and len(exports) == 5
+    finally:
+        qat_utils._get_aten_graph_module_for_pattern = original

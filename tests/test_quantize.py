@@ -480,6 +480,7 @@ def test_steps_called_one_by_one() -> None:
         assert len(remote._pending) == 0
 
 
+@pytest.mark.usefixtures("torchao_qat_memo")  # the local run exports, the remote one copies
 def test_qat_gives_the_local_program(server_address: str) -> None:
     """QAT: a module exported in training mode updates batch norm's buffers in place
     (``add_``), which torch.export's training dialect allows; ``prepare_qat_pt2e`` with the
