@@ -260,8 +260,9 @@ def memoize_torchao_qat_pattern_graphs() -> Callable[[], None] | None:
     ``prepare_qat_pt2e`` (``_fuse_conv_bn_qat``) and ``convert_pt2e`` (``_fold_conv_bn_qat``,
     for a program with batch norm) export their conv-bn patterns with ``torch.export`` on
     every call (torchao's ``_get_aten_graph_module_for_pattern``, as ``qat_utils`` holds it;
-    ``convert_pt2e`` alone exports 96 for a conv2d-bn program, with each per-channel pattern's
-    scales, zero points and conv bias as keyword inputs): measured, 75 % of
+    ``convert_pt2e`` alone exports 96 for any program with batch norm: conv1d, conv2d and their
+    transposes, 12 flag combinations each, a match and a replacement pattern, with each
+    per-channel pattern's scales, zero points and conv bias as keyword inputs): measured, 75 % of
     ``tests/test_quantize.py::test_qat_gives_the_local_program``. Memoized as
     :func:`memoize_xnnpack_pattern_graphs` is. These run where the program is quantized, on
     the client, never in the server: :func:`install_all` leaves this memo out. The QAT tests

@@ -369,7 +369,7 @@ def test_encode_is_deterministic_and_idempotent(conv_net: torch.fx.GraphModule) 
     assert encode_annotations(gm) == msg
 
 
-@pytest.mark.slow  # prepare_qat_pt2e and convert_pt2e export conv-bn patterns (about 30 s)
+@pytest.mark.slow  # prepare_qat_pt2e and convert_pt2e export conv-bn patterns (about 20 s)
 @pytest.mark.usefixtures("torchao_qat_memo")  # the local run exports them, the wire run copies
 def test_xnnpack_qat(conv_net_train: torch.fx.GraphModule) -> None:
     """QAT: fake-quantize constructors whose wrapper carries ``__module__`` and an observer
