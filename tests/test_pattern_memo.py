@@ -6,6 +6,7 @@ an unmemoized local lowering gives."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +20,16 @@ from remote_partitioner.server.pattern_memo import (
 )
 
 pytest.importorskip("executorch.backends.vulkan.patterns")
+
+
+def _counted(export: Callable[..., object], exports: list[object]) -> Callable[..., object]:
+    """``export``, appending the pattern (its first argument) to ``exports`` on each call."""
+
+    def export_counted(*args: object, **kwargs: object) -> object:
+        exports.append(args[0])
+        return export(*args, **kwargs)
+
+    return export_counted
 
 
 @pytest.mark.slow  # builds the patterns four times (> 10 s)
@@ -41,10 +52,7 @@ def test_memoized_vulkan_pattern_graphs_are_the_same() -> None:
 
     original = rope.export
     exports: list[object] = []
-
-    def export_counted(*args: object, **kwargs: object) -> object:
-        exports.append(args[0])
-        return original(*args, **kwargs)
+    export_counted = _counted(original, exports)
 
     rope.export = rope_hf.export = export_counted
     try:
@@ -143,10 +151,7 @@ def test_memoized_xnnpack_quantizer_patterns_quantize_the_same() -> None:
     original = utils._get_aten_graph_module_for_pattern
     assert not getattr(original, "memoized", False), "this process must start unmemoized"
     exports: list[object] = []
-
-    def export_counted(*args: object, **kwargs: object) -> object:
-        exports.append(args[0])
-        return original(*args, **kwargs)
+    export_counted = _counted(original, exports)
 
     utils._get_aten_graph_module_for_pattern = export_counted
     try:
@@ -187,10 +192,7 @@ def test_memoized_torchao_qat_patterns_are_fresh_exports() -> None:
     original = qat_utils._get_aten_graph_module_for_pattern
     assert not getattr(original, "memoized", False), "this process must start unmemoized"
     exports: list[object] = []
-
-    def export_counted(*args: object, **kwargs: object) -> object:
-        exports.append(args[0])
-        return original(*args, **kwargs)
+    export_counted = _counted(original, exports)
 
     def build(bn_is_training: bool, conv_dims: int = 2) -> tuple[list[tuple[str, str]], str]:
         """A pattern's graph, built as ``_fold_conv_bn_qat`` builds it: its example inputs
