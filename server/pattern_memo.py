@@ -78,12 +78,18 @@ def pattern_key(pattern: Any, example_inputs: Any, *extra: Any) -> tuple[Any, ..
                   if k not in torch.nn.Module().__dict__}
     try:
         key = (members(vars(cls)), members(attributes),
-               tuple((x.shape, x.dtype, x.layout, x.requires_grad) for x in example_inputs),
+               tuple(_tensor_key(x) for x in example_inputs),
                extra)
         hash(key)
     except (TypeError, ValueError):  # an unhashable value, or a closure cell not yet filled
         return None
     return key
+
+
+def _tensor_key(x: Any) -> tuple[Any, ...]:
+    """What of an input tensor a traced pattern graph depends on: its shape, dtype, layout and
+    ``requires_grad``, not its values."""
+    return (x.shape, x.dtype, x.layout, x.requires_grad)
 
 
 class GraphMemo:
@@ -139,8 +145,7 @@ def _keyword_inputs_key(kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     import torch
 
     return tuple(
-        (name, ("tensor", value.shape, value.dtype, value.layout, value.requires_grad)
-         if isinstance(value, torch.Tensor) else value)
+        (name, ("tensor", _tensor_key(value)) if isinstance(value, torch.Tensor) else value)
         for name, value in sorted(kwargs.items())
     )
 
