@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _Parser.json_errors_of = json_command
     args = parser.parse_args(raw)
     if args.command == "serve":
-        return server_cli.run_serve(args, raw, serve)
+        return server_cli.run_serve(args, raw, serve, own_process=argv is None)
     if args.command in client_cli.COMMANDS:
         return client_cli.run(args)
     parser.error(f"unknown command {args.command}")  # exits; argparse rejects it first

@@ -513,7 +513,7 @@ def list_lines(response: pb.ListPartitionersResponse) -> list[str]:
     (``RemoteQuantizer``) its backend, class, environment, description and spec keys."""
     def versions(v: pb.ServerVersions) -> str:
         return (f"server {v.server} (api {v.api}): torch {v.torch}, executorch {v.executorch}, "
-                f"export schema {v.export_schema}")
+                f"export schema {v.export_schema}, python hash seed {v.python_hash_seed or '?'}")
 
     def where(environment: str) -> str:
         return f"  [environment {environment}]" if environment else ""

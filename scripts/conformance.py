@@ -8,9 +8,12 @@ environment) and, inside every test, lowers each model twice: with the flow as i
 its *remote twin*, the same flow whose partitioners are replaced by ``RemotePartitioner`` for
 the same partitioner and options, against one real server this script starts (or ``--server``).
 Both runs are seeded identically (the suite's seed of the test's name, with ``--seed`` as the
-run seed). A test is *identical* when both runs have the same outcome, the same ``.pte`` bytes
-(Core ML normalized for what two local Core ML lowerings differ in: fresh UUIDs and the order
-of the mlpackage manifest's entries) and leave the same random generator state after lowering.
+run seed), and run with Python's string hash seed the server runs with: started without
+``PYTHONHASHSEED``, the runner restarts itself with ``PYTHONHASHSEED=0``, as ``serve`` does
+(Arm's partitioner orders its partitions by it, docs/environments.md). A test is *identical*
+when both runs have the same outcome, the same ``.pte`` bytes (Core ML normalized for what two
+local Core ML lowerings differ in: fresh UUIDs and the order of the mlpackage manifest's
+entries) and leave the same random generator state after lowering.
 Each Core ML lowering starts from coremltools' fresh conversion state (its name counters
 survive a conversion that raised). With ``--remote-quantizer`` the twin's quantize stage runs a
 ``RemoteQuantizer`` too, for the hosted quantizer and spec that rebuild the flow's own
@@ -1397,6 +1400,7 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [SERVE_WITH_MEMOS]:
         from remote_partitioner.cli import main as cli
@@ -1459,6 +1463,13 @@ def main(argv: list[str] | None = None) -> int:
         text, differing = summarize_logs(args.summary, [f + suffix for f in args.flows])
         print(text)
         return 1 if differing else 0
+    if command_line:
+        # The local lowerings run with the seed the server runs with (it inherits this
+        # process's environment): Arm's partitioner orders its partitions by Python's string
+        # hash seed (remote_partitioner.server.hash_seed).
+        from remote_partitioner.server.hash_seed import restart_with_fixed_seed
+
+        restart_with_fixed_seed()
 
     import warnings
 

@@ -23,13 +23,14 @@ from remote_partitioner.proto.v1 import remote_partitioner_pb2_grpc as pb_grpc
 from remote_partitioner.server.backend_registry import BackendRegistry
 from remote_partitioner.server.blobstore import Blobs, BlobStore
 from remote_partitioner.server.environments import Environment, EnvironmentInterceptor
-from remote_partitioner.server.instance import PartitionerInstance, versions_key
+from remote_partitioner.server.instance import PartitionerInstance
 from remote_partitioner.server.quantizers import QuantizerRegistry, default_quantizers
 from remote_partitioner.server.registry import Registry, default_registry
 from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.servicer import RemotePartitionerServicer
 from remote_partitioner.server.settings import DEFAULT_ADDRESS, Limits
 from remote_partitioner.server.unparsable import UnparsableRequestInterceptor
+from remote_partitioner.server.versions import versions_key
 
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
@@ -248,5 +249,4 @@ __all__ = [
     "BindError",
     "Server",
     "create_server",
-    "versions_key",
 ]

@@ -83,11 +83,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from remote_partitioner.server.app import BindError, create_server
     from remote_partitioner.server.backend_registry import default_backend_registry
     from remote_partitioner.server.blobstore import open_blob_store
-    from remote_partitioner.server.instance import versions_key
     from remote_partitioner.server.observability import Metrics, ObservabilityInterceptor
     from remote_partitioner.server.quantizers import default_quantizers
     from remote_partitioner.server.registry import default_registry
     from remote_partitioner.server.results import ResultCache, results_directory
+    from remote_partitioner.server.versions import versions_key
 
     credentials, interceptors = _security(args, parser)
     store = open_blob_store(args.cache_bytes, args.blob_dir)
@@ -333,7 +333,7 @@ def add_serve_command(sub: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace, argv: Sequence[str],
-              serve: argparse.ArgumentParser) -> int:
+              serve: argparse.ArgumentParser, *, own_process: bool = False) -> int:
     """Run the parsed ``serve`` command ``args``; return the process exit status once a
     signal stopped the server.
 
@@ -341,7 +341,16 @@ def run_serve(args: argparse.Namespace, argv: Sequence[str],
     with ``--workers`` above 1 each worker process runs it again, through :func:`main`.
     ``serve`` is the subcommand's parser; an unsafe or inconsistent security setup exits
     through its ``error`` (status 2) before anything starts.
+
+    ``own_process``: this process runs this command line and nothing else (the console
+    script's, not a caller's ``main([...])``), so it may restart itself with a fixed string
+    hash seed when ``PYTHONHASHSEED`` is not set (:mod:`remote_partitioner.server.hash_seed`:
+    Arm's partitioner orders its partitions by it). Its workers inherit the seed.
     """
+    if own_process:
+        from remote_partitioner.server.hash_seed import restart_with_fixed_seed
+
+        restart_with_fixed_seed()
     if args.workers > 1:
         from remote_partitioner.server import workers
 
@@ -372,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, serve = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(raw)
-    return run_serve(args, raw, serve)
+    return run_serve(args, raw, serve, own_process=argv is None)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from executorch.exir.backend.partitioner import Partitioner
 from google.protobuf.message import DecodeError, Message
 from torch.export import ExportedProgram
@@ -68,9 +66,10 @@ from remote_partitioner.server.registry import (
     Registry,
     SpecKey,
 )
-from remote_partitioner.server.results import ResultCache, environment_key
+from remote_partitioner.server.results import ResultCache
 from remote_partitioner.server.settings import Limits
 from remote_partitioner.server.uploads import ByteBudget, UploadAssembly
+from remote_partitioner.server.versions import server_versions
 
 if TYPE_CHECKING:
     from remote_partitioner.server.lower_call import Lowered
@@ -110,25 +109,6 @@ _SPEC_TYPES = {
     str: pb.SPEC_TYPE_STRING,
     bytes: pb.SPEC_TYPE_BYTES,
 }
-
-
-def server_versions() -> pb.ServerVersions:
-    """The versions that decide whether this server reproduces a local lowering."""
-    from torch._export.serde.schema import SCHEMA_VERSION
-
-    return pb.ServerVersions(
-        torch=torch.__version__,
-        executorch=metadata.version("executorch"),
-        export_schema=".".join(map(str, SCHEMA_VERSION)),
-        api="v1",
-        server=metadata.version("remote-partitioner"),
-        torchao=metadata.version("torchao"),
-    )
-
-
-def versions_key() -> str:
-    """This server's versions and environment, as the result cache keys on them."""
-    return server_versions().SerializeToString(deterministic=True).hex() + environment_key()
 
 
 def spec_from_message(spec: Iterable[pb.SpecEntry]) -> dict[str, object]:
@@ -795,7 +775,5 @@ class PartitionerInstance:
 __all__ = [
     "READ_CHUNK_BYTES",
     "PartitionerInstance",
-    "server_versions",
     "spec_from_message",
-    "versions_key",
 ]

@@ -74,7 +74,7 @@ class ResultCache:
     Args:
         max_bytes: bound of the entries held in memory, and of those in ``directory``.
         versions: everything besides the request that the answers depend on (the server's
-            :func:`~remote_partitioner.server.instance.versions_key`); part of every key.
+            :func:`~remote_partitioner.server.versions.versions_key`); part of every key.
         directory: also keep the entries as files here (a :class:`DirEntryStore`, shared by
             every process that opens it); a lookup that misses in memory reads it.
     """

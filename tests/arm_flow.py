@@ -10,10 +10,10 @@ client without the toolchain), then quantizes with ``RemoteQuantizer`` and lower
 ``RemotePartitioner(remote_preprocess=True)`` against TARGET (with the bearer token in the
 environment variable ``RP_TOKEN``, if set); ``remote-lowering`` quantizes
 as ``local`` does (the client has the Arm quantizer) and lowers as ``remote`` does. Each job
-is ``{"name": hosted name, "spec": spec, "quantize": bool, "model": "conv"|"linear", "out":
-path}``; the generator is seeded the same way before each job in every mode. The last stdout
-line is JSON: the Arm modules this process loaded, and the generator's state digest after each
-job.
+is ``{"name": hosted name, "spec": spec, "quantize": bool, "model": "conv"|"linear"|"avgpool",
+"out": path}`` (``avgpool``: an ``AdaptiveAvgPool2d`` Arm lowers as two partitions); the
+generator is seeded the same way before each job in every mode. The last stdout line is JSON:
+the Arm modules this process loaded, and the generator's state digest after each job.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def build_model(kind: str) -> tuple[Any, tuple[Any, ...]]:
 
     if kind == "conv":
         return Conv().eval(), (torch.randn(1, 3, 8, 8),)
+    if kind == "avgpool":  # the suite's test_adaptive_avgpool2d_batch_sizes, its first subtest
+        return torch.nn.AdaptiveAvgPool2d((5, 5)).eval(), (torch.randn(2, 8, 20, 20),)
     return Linear().eval(), (torch.randn(2, 16),)
 
 

@@ -141,18 +141,21 @@ class Launched:
 
 
 def launch(
-    log: Path, *args: str, env: Mapping[str, str] | None = None, python: str = sys.executable,
+    log: Path, *args: str, env: Mapping[str, str | None] | None = None,
+    python: str = sys.executable,
 ) -> Launched:
     """Start ``remote-partitioner serve --address 127.0.0.1:0 ARGS`` without waiting for it;
-    its stderr goes to the file ``log``; ``env`` adds to this process's environment; ``python``
-    is the interpreter of the environment it runs in (this one by default)."""
+    its stderr goes to the file ``log``; ``env`` adds to this process's environment (a None
+    value removes that variable); ``python`` is the interpreter of the environment it runs in
+    (this one by default)."""
+    merged = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     log_file = log.open("w")
     try:
         proc = subprocess.Popen(
             [python, "-m", "remote_partitioner.cli", "serve",
              "--address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=log_file, text=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+            env={k: v for k, v in merged.items() if v is not None},
         )
     except BaseException:
         log_file.close()
@@ -177,7 +180,8 @@ def served(
 
 @contextlib.contextmanager
 def serve_process(
-    log: Path, *args: str, env: Mapping[str, str] | None = None, pattern: str = SERVING_LINE,
+    log: Path, *args: str, env: Mapping[str, str | None] | None = None,
+    pattern: str = SERVING_LINE,
     python: str = sys.executable,
 ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     """:func:`launch` then :func:`served`: ``remote-partitioner serve ARGS`` on a free port

@@ -18,7 +18,13 @@ Each lowering runs in a fresh process (``tests/arm_flow.py``), as a user's scrip
 * the bias ``derive_qparams_fn`` the client runs in place of Arm's (it cannot import Arm's)
   computes Arm's bits;
 * what Vela prints (its network summary) stays out of the server's stdout and, at the default
-  log level, out of its stderr.
+  log level, out of its stderr;
+* Arm's partitioner orders its partitions by Python's string hash seed (executorch#19045): the
+  server, started without ``PYTHONHASHSEED``, runs with seed 0, so a client at any seed gets
+  the bytes of a local lowering at seed 0, which differ from those at another seed.
+
+Local lowerings run with ``PYTHONHASHSEED=0`` (what docs/environments.md tells a user to do),
+remote ones with another seed (:data:`CLIENT_SEED`): the client's seed does not matter.
 
 Ethos-U's run step needs Arm's Corstone FVP, which no registry ships: the comparison stops at the
 ``.pte``.
@@ -46,6 +52,9 @@ ARM_PYTHON = Path(os.environ.get("ARM_PYTHON", ROOT / ".venv-arm" / "bin" / "pyt
 FLOW = Path(__file__).with_name("arm_flow.py")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 FLOW_SECONDS = 900
+#: The seed of the local lowerings (the server's), and one whose set of two partition tags
+#: iterates the other way round (``{'tag0', 'tag1'}``: ``tag1`` first at 0, ``tag0`` at 3).
+SERVER_SEED, CLIENT_SEED = "0", "3"
 
 #: ExecuTorch's suite flows' compile specs (executorch/backends/test/suite/flows/arm.py and
 #: the Arm test helpers it calls), as the server's spec keys state them.
@@ -72,14 +81,20 @@ def arm_server(arm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """A server in the Arm environment hosting the Arm family only, on a free loopback port:
     (target, its Launched, its stderr log)."""
     log = tmp_path_factory.mktemp("arm-server") / "server.log"
-    launched = launch(log, "--backends", "arm", "--environment", "arm", python=arm_python)
+    # Without PYTHONHASHSEED, as a user starts it: it restarts itself with seed 0.
+    launched = launch(log, "--backends", "arm", "--environment", "arm", python=arm_python,
+                      env={"PYTHONHASHSEED": None})
     with served(launched) as (_, target, _):
         yield target, launched, log
 
 
-def _flow(python: str, mode: str, jobs: list[dict[str, Any]], target: str = "") -> Any:
-    """Run tests/arm_flow.py; its summary (Arm modules loaded, generator states, stdout)."""
-    return run_flow(python, FLOW, mode, jobs, target)
+def _flow(python: str, mode: str, jobs: list[dict[str, Any]], target: str = "",
+          hash_seed: str | None = None) -> Any:
+    """Run tests/arm_flow.py; its summary (Arm modules loaded, generator states, stdout).
+    Local lowerings run at the server's seed, remote ones at another, unless ``hash_seed``."""
+    if hash_seed is None:
+        hash_seed = SERVER_SEED if mode == "local" else CLIENT_SEED
+    return run_flow(python, FLOW, mode, jobs, target, hash_seed=hash_seed)
 
 
 def _jobs(tmp_path: Path, tag: str, cases: list[tuple[str, str, dict[str, Any], bool]]) -> Any:
@@ -146,6 +161,24 @@ def test_a_client_with_no_arm_package_gets_the_same_program(
     for a, b in zip(local, main, strict=True):
         local_bytes, main_bytes = Path(a["out"]).read_bytes(), Path(b["out"]).read_bytes()
         assert deserialize_pte_binary(local_bytes) == deserialize_pte_binary(main_bytes)
+
+
+def test_the_partition_order_is_the_servers_whatever_the_clients_hash_seed(
+    arm_python: str, arm_server: Any, tmp_path: Path
+) -> None:
+    """An ``AdaptiveAvgPool2d`` that Arm lowers for Ethos-U55 as two partitions: local
+    lowerings at seeds 0 and 3 differ (ExecuTorch lowers Arm's partitions in the order of a
+    set of strings); the client at seed 3 gets the seed-0 bytes, the server's."""
+    cases = [("ethos_u55", "avgpool", U55, True)]
+    at_0, at_3, remote = (_jobs(tmp_path, tag, cases) for tag in ("local0", "local3", "remote"))
+    _flow(arm_python, "local", at_0, hash_seed=SERVER_SEED)
+    _flow(arm_python, "local", at_3, hash_seed=CLIENT_SEED)
+    got = _flow(arm_python, "remote", remote, arm_server[0], hash_seed=CLIENT_SEED)
+    assert got["arm_modules_loaded"] == []
+    for a, b, c in zip(at_0, at_3, remote, strict=True):
+        want = Path(a["out"]).read_bytes()
+        assert Path(b["out"]).read_bytes() != want, f"{a['name']}: no longer seed-dependent?"
+        assert Path(c["out"]).read_bytes() == want, a["name"]
 
 
 DERIVE_CHECK = """

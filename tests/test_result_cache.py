@@ -30,8 +30,8 @@ from remote_partitioner.client.lower import LowerClient, partitioner_ref
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 from remote_partitioner.server.blobstore import Blob, BlobStore, DirBlobStore
 from remote_partitioner.server.blobstore.entries import DirEntryStore
-from remote_partitioner.server.instance import versions_key
 from remote_partitioner.server.results import ResultCache, environment_key, results_directory
+from remote_partitioner.server.versions import versions_key
 
 #: Time a hit gets with the hook slot taken (a miss waits for the slot until its deadline).
 _HIT_SECONDS = 30.0

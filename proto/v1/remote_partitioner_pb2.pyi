@@ -374,20 +374,22 @@ class PartitionerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., backend_id: _Optional[str] = ..., spec_keys: _Optional[_Iterable[_Union[SpecKeyInfo, _Mapping]]] = ..., overridden_hooks: _Optional[_Iterable[_Union[Hook, str]]] = ..., class_name: _Optional[str] = ..., description: _Optional[str] = ..., backend_module: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class ServerVersions(_message.Message):
-    __slots__ = ("torch", "executorch", "export_schema", "api", "server", "torchao")
+    __slots__ = ("torch", "executorch", "export_schema", "api", "server", "torchao", "python_hash_seed")
     TORCH_FIELD_NUMBER: _ClassVar[int]
     EXECUTORCH_FIELD_NUMBER: _ClassVar[int]
     EXPORT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     API_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
     TORCHAO_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_HASH_SEED_FIELD_NUMBER: _ClassVar[int]
     torch: str
     executorch: str
     export_schema: str
     api: str
     server: str
     torchao: str
-    def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ..., torchao: _Optional[str] = ...) -> None: ...
+    python_hash_seed: str
+    def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ..., torchao: _Optional[str] = ..., python_hash_seed: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
     __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers", "environment", "environments")

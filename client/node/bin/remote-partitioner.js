@@ -232,7 +232,8 @@ function formatDefault(k) {
 /** `list`'s text, line by line (as the Python CLI's list_lines). */
 export function listLines(listing) {
   const versions = (v = {}) => `server ${v.server} (api ${v.api}): torch ${v.torch}, ` +
-    `executorch ${v.executorch}, export schema ${v.export_schema}`;
+    `executorch ${v.executorch}, export schema ${v.export_schema}, ` +
+    `python hash seed ${v.python_hash_seed || '?'}`;
   const where = (env) => (env ? `  [environment ${env}]` : '');
   const own = listing.environment ? `environment ${listing.environment}: ` : '';
   const lines = [own + versions(listing.versions ?? {})];
