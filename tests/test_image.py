@@ -490,6 +490,8 @@ def test_cli_list_shows_the_partitioners_and_the_hosts_versions(served: Containe
     assert versions["torch"] == torch.__version__
     assert versions["executorch"] == metadata.version("executorch")
     assert versions["server"] == metadata.version("remote-partitioner")
+    # The image sets no PYTHONHASHSEED: serve, its entry point, restarted itself with seed 0.
+    assert versions["python_hash_seed"] == "0"
 
 
 def test_image_packages_are_the_hosts_pins() -> None:
