@@ -1399,6 +1399,21 @@ def run_jobs(args: argparse.Namespace, target: str) -> int:
     return 1 if any(not c["identical"] for c in comparisons) else 0
 
 
+def warn_of_another_hash_seed(target: str) -> None:
+    """Print a warning when the server at ``target`` (``--server``) runs with another string
+    hash seed than this process: its Arm lowerings then may differ from the local ones for that
+    reason alone (remote_partitioner.server.hash_seed)."""
+    from remote_partitioner.client.lower import LowerClient
+    from remote_partitioner.server.hash_seed import current_seed
+
+    with LowerClient(target, timeout=60) as client:
+        theirs = client.list_partitioners().versions.python_hash_seed
+    if theirs != current_seed() or theirs == "random":
+        print(f"conformance: warning: the server runs with python hash seed {theirs or '?'}, "
+              f"this runner with {current_seed()}: Arm's lowerings depend on it; start both "
+              "with one fixed PYTHONHASHSEED", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
@@ -1513,6 +1528,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["differing"] == 0 for r in rows.values()) else 1
 
     if args.server:
+        warn_of_another_hash_seed(args.server)
         return run(args.server)
     # `kill` (SIGTERM) ends a long run as Ctrl-C does: pytest stops, the log keeps what was
     # measured (an interrupted test is not complete, so --resume runs it again), and the
