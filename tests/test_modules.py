@@ -106,7 +106,7 @@ def _client(
         model, inputs = _seeded(Linear), (torch.randn(2, 6),)
     elif name == "scalars":
         model, inputs = _seeded(Scalars), (torch.randn(2, 6),)
-    elif name == "buffers":
+    elif name in ("buffers", "moved_input"):
         model, inputs = _seeded(Buffers), (torch.randn(3, 6), torch.randn(3, 6))
     elif name == "in_place_constant":
         model, inputs = _seeded(InPlaceConstant), (torch.randn(2, 6),)
@@ -123,6 +123,20 @@ def _client(
     if not guards:
         gm.graph.erase_node(guards_nodes[0])
         delattr(gm, "_guards_fn")
+        gm.recompile()
+    if name == "moved_input":
+        # As Arm's InsertInt32CastsAfterInt64PlaceholdersPass does: a node right after the
+        # first placeholder, taking its uses, so that the second placeholder follows it.
+        x = gm.graph.find_nodes(op="placeholder")[0]
+        with gm.graph.inserting_after(x):
+            cast = gm.graph.call_function(torch.ops.aten.clone.default, (x,))
+        cast.meta["val"] = x.meta["val"]
+        # With a module stack: a node without one is read back with an empty one (torch's
+        # deserializer adds it), and the guards call's stack is the first call_function's.
+        first = next(n for n in gm.graph.nodes if n.op == "call_function" and n is not cast)
+        cast.meta["nn_module_stack"] = first.meta["nn_module_stack"]
+        x.replace_all_uses_with(cast, delete_user_cb=lambda u: u is not cast
+                                and u.op != "call_module")
         gm.recompile()
     if name == "dead":  # a node nothing uses
         x = gm.graph.find_nodes(op="placeholder")[0]
@@ -199,7 +213,8 @@ def _calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 
 
-MODELS = ["conv_bn_relu", "linear", "scalars", "buffers", "dead", "dynamic", "in_place_constant"]
+MODELS = ["conv_bn_relu", "linear", "scalars", "buffers", "dead", "dynamic", "in_place_constant",
+          "moved_input"]
 
 
 @pytest.mark.parametrize("guards", [True, False], ids=["guards", "no-guards"])
@@ -240,6 +255,26 @@ def test_get_attrs_keep_their_positions() -> None:
     _, table = modules.lift_module(client)
     assert {a.name: a.after for a in table.attrs}["conv_weight_bias"] == "_guards_fn"
     assert [n.name for n in _send(client).graph.nodes] == order
+
+
+def test_inputs_after_other_nodes_keep_their_positions() -> None:
+    """A placeholder that follows a ``call_function`` node (Arm's quantizer casts an int64
+    input right after its placeholder) goes back there: the program holds inputs first."""
+    client, _ = _client("moved_input", guards=False)
+    order = [n.name for n in client.graph.nodes]
+    ops = [n.op for n in client.graph.nodes if n.op != "get_attr"]
+    assert ops[:3] == ["placeholder", "call_function", "placeholder"]
+    _, table = modules.lift_module(client)
+    y = client.graph.find_nodes(op="placeholder")[1]
+    assert [(m.name, m.after) for m in table.moved_inputs] == [(y.name, y.prev.name)]
+    assert [n.name for n in _send(client).graph.nodes] == order
+    # The program holds its inputs first; without the table's entry, the rebuilt module is
+    # another one, and says so.
+    ep, table = modules.lift_module(client)
+    assert [n.op for n in ep.graph.nodes][:4] == ["placeholder"] * 4
+    del table.moved_inputs[:]
+    with pytest.raises(modules.FingerprintMismatch, match="covers node order"):
+        modules.unlift_program(ep, table)
 
 
 def _xnnpack() -> Any:

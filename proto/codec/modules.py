@@ -297,6 +297,9 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
       registers them and adds no node.
     * A ``call_module`` ``_guards_fn`` node is dropped and recorded as the table's
       ``GuardsCall`` (its ``_is_impure`` is the guards submodule's).
+    * A user input whose placeholder comes after a ``call_function`` node in ``gm`` (a pass
+      put a node between the placeholders) is recorded as a ``MovedInput`` with the node it
+      followed: the program holds its inputs before its other nodes.
     * The output becomes a plain tuple; the program's in/out specs are ``gm``'s
       ``_in_spec``/``_out_spec``, its ``forward_arg_names`` the pytree code's argument names,
       its range constraints ``gm.range_constraints`` (else those of the symbols in the
@@ -385,6 +388,8 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
         add_tensor(kind, persistent, fqn, t)
 
     output_args: list[TensorArgument | SymIntArgument | ConstantArgument] = []
+    # The first call_function node copied: a placeholder after it is a moved input.
+    first_computed: torch.fx.Node | None = None
     for node in nodes:
         if node.op == "get_attr":
             target = str(node.target)
@@ -397,7 +402,12 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
                 )
             )
         elif node.op == "placeholder":
-            p = graph.node_copy(node, lambda n: env[n])
+            if first_computed is None:
+                p = graph.node_copy(node, lambda n: env[n])
+            else:  # inputs first, as in any program; the table says where it was
+                with graph.inserting_before(first_computed):
+                    p = graph.node_copy(node, lambda n: env[n])
+                table.moved_inputs.append(pb.MovedInput(name=node.name, after=previous))
             env[node] = p
             user_specs.append(
                 InputSpec(kind=InputKind.USER_INPUT, arg=_argument_of(node), target=None)
@@ -437,6 +447,8 @@ def lift_module(gm: torch.fx.GraphModule) -> tuple[ExportedProgram, pb.UnliftTab
             out.meta = copy.copy(node.meta)
         elif node.op == "call_function":
             env[node] = graph.node_copy(node, lambda n: env[n])
+            if first_computed is None:
+                first_computed = env[node]
         else:
             raise ProgramEncodeError(f"node {node.name!r}: op {node.op!r} cannot be lifted")
         previous = node.name
@@ -558,6 +570,7 @@ def unlift_program(
       or (CONSTANT_TENSOR inputs, which the table must name) as plain attributes;
       lifted tensors the table does not name (ones the client's graph does not read) are
       registered and get no node;
+    * the table's moved inputs go back after the nodes they followed;
     * the guards call, if any, becomes a ``call_module`` node of the table's name, position and
       arguments, calling an :class:`InertGuards` whose ``_is_impure`` is the table's (or
       ``guards_module``, as given), with the ``nn_module_stack`` ``.module()`` gives it (the
@@ -606,6 +619,14 @@ def unlift_program(
             raise ProgramDecodeError(f"unlift table: {attr.name!r}'s persistent flag differs")
         _check_path(attr.target, f"unlift table: {attr.name!r}'s target")
         lifted[attr.name] = attr
+    moved: dict[str, pb.MovedInput] = {}
+    for m in table.moved_inputs:
+        s = specs.get(m.name)
+        if m.name not in placeholders or s is None or s.kind != InputKind.USER_INPUT:
+            raise ProgramDecodeError(f"unlift table: moved input {m.name!r} is not a user input")
+        if m.name in moved:
+            raise ProgramDecodeError(f"unlift table: moved input {m.name!r} is named twice")
+        moved[m.name] = m
     guards = table.guards if table.HasField("guards") else None
     if guards is not None:
         if guards.target != GUARDS_NAME:
@@ -641,9 +662,10 @@ def unlift_program(
     base = [
         n for n in ep.graph.nodes
         if not (n.op == "placeholder" and n.name in specs
-                and specs[n.name].kind != InputKind.USER_INPUT)
+                and (specs[n.name].kind != InputKind.USER_INPUT or n.name in moved))
     ]
     items = [(a.name, a.after) for a in table.attrs]
+    items += [(m.name, m.after) for m in table.moved_inputs]
     if guards is not None:
         items.append((guards.name, guards.after))
     graph = torch.fx.Graph()
@@ -651,6 +673,8 @@ def unlift_program(
     by_name: dict[str, torch.fx.Node] = {}
     guards_node: torch.fx.Node | None = None
     for entry in _positions(base, items):
+        if isinstance(entry, str) and entry in moved:
+            entry = placeholders[entry]
         if isinstance(entry, str) and entry in lifted:
             attr = lifted[entry]
             new = graph.create_node("get_attr", attr.target, name=attr.name)

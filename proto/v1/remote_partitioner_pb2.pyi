@@ -834,16 +834,26 @@ class QuantizerRef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Iterable[_Union[SpecEntry, _Mapping]]] = ...) -> None: ...
 
 class UnliftTable(_message.Message):
-    __slots__ = ("attrs", "guards", "attribute_names", "fingerprint")
+    __slots__ = ("attrs", "guards", "attribute_names", "fingerprint", "moved_inputs")
     ATTRS_FIELD_NUMBER: _ClassVar[int]
     GUARDS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTE_NAMES_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MOVED_INPUTS_FIELD_NUMBER: _ClassVar[int]
     attrs: _containers.RepeatedCompositeFieldContainer[LiftedAttr]
     guards: GuardsCall
     attribute_names: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: str
-    def __init__(self, attrs: _Optional[_Iterable[_Union[LiftedAttr, _Mapping]]] = ..., guards: _Optional[_Union[GuardsCall, _Mapping]] = ..., attribute_names: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    moved_inputs: _containers.RepeatedCompositeFieldContainer[MovedInput]
+    def __init__(self, attrs: _Optional[_Iterable[_Union[LiftedAttr, _Mapping]]] = ..., guards: _Optional[_Union[GuardsCall, _Mapping]] = ..., attribute_names: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., moved_inputs: _Optional[_Iterable[_Union[MovedInput, _Mapping]]] = ...) -> None: ...
+
+class MovedInput(_message.Message):
+    __slots__ = ("name", "after")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    after: str
+    def __init__(self, name: _Optional[str] = ..., after: _Optional[str] = ...) -> None: ...
 
 class LiftedAttr(_message.Message):
     __slots__ = ("name", "target", "after", "parameter", "persistent", "constant")
