@@ -94,7 +94,7 @@ def set_rng_state(raw: bytes) -> None:
 
 
 def environment_info(listing: pb.ListPartitionersResponse, name: str) -> pb.EnvironmentInfo:
-    """Environment ``name``'s versions and withheld-tensor support, as ``listing`` (a
+    """Environment ``name``'s versions and what it accepts withheld, as ``listing`` (a
     ``ListPartitioners`` answer) states them: the answering server's own when ``name`` is its
     environment, else the peer's ``EnvironmentInfo``.
 
@@ -106,6 +106,7 @@ def environment_info(listing: pb.ListPartitionersResponse, name: str) -> pb.Envi
         return pb.EnvironmentInfo(
             name=name, versions=listing.versions,
             accepts_withheld_tensors=listing.accepts_withheld_tensors,
+            accepts_withheld_lowered_programs=listing.accepts_withheld_lowered_programs,
         )
     for env in listing.environments:
         if env.name == name:
@@ -211,14 +212,15 @@ class ServerConnection:
         #: graphs (graph JSON and Program messages) and the bytes of tensor data (weights,
         #: buffers, constants); hook calls answered from memory; hook calls sent with their
         #: tensors withheld, and of those the ones the server answered TENSOR_DATA_REQUIRED
-        #: (sent again with the data); hook calls made again after UNAVAILABLE (a replica
+        #: (sent again with the data); lowered modules sent without their original programs
+        #: (counted per encoding); hook calls made again after UNAVAILABLE (a replica
         #: went away), and after BLOB_MISSING although their blobs had been uploaded
         #: (evicted, or another replica answered), and after the server refused them as
         #: overloaded (RetryInfo: too many hook calls, or too many upload bytes in flight).
         self.stats: dict[str, int] = {
             "calls": 0, "blobs_uploaded": 0, "bytes_uploaded": 0,
             "graph_bytes_uploaded": 0, "tensor_bytes_uploaded": 0, "memo_hits": 0,
-            "withheld_calls": 0, "tensor_data_requests": 0,
+            "withheld_calls": 0, "tensor_data_requests": 0, "withheld_lowered_modules": 0,
             "unavailable_retries": 0, "blob_missing_retries": 0, "overloaded_retries": 0,
         }
 
@@ -342,13 +344,16 @@ class ServerConnection:
         method = getattr(self.stub, rpc)
         response: Any = None
         encoded: codec.EncodedProgram | None = None
-        if self.withhold_tensors and self._environment_info().accepts_withheld_tensors:
-            # First without the tensors' data: most hooks decide from the graph, shapes and
-            # dtypes, and the server notices exactly when one does not.
+        env = self._environment_info() if self.withhold_tensors else None
+        if env is not None and env.accepts_withheld_tensors:
+            # First without the tensors' data (and lowered modules' programs): most hooks
+            # decide from the graph, shapes and dtypes, and the server notices exactly when
+            # one does not.
             self.stats["withheld_calls"] += 1
             try:
                 response, encoded = self._encode_and_call(
-                    method, make_with_rng, ep, withhold=True
+                    method, make_with_rng, ep, withhold=True,
+                    withhold_lowered=env.accepts_withheld_lowered_programs,
                 )
             except RemotePartitionerError as e:
                 if e.reason != errors.Reason.TENSOR_DATA_REQUIRED:
@@ -368,13 +373,18 @@ class ServerConnection:
         ep: ExportedProgram,
         *,
         withhold: bool = False,
+        withhold_lowered: bool = False,
     ) -> tuple[Any, codec.EncodedProgram]:
-        """Encode ``ep`` (its tensors' data withheld if ``withhold``) and call ``method`` with
+        """Encode ``ep`` (its tensors' data withheld if ``withhold``, its lowered modules'
+        programs if ``withhold_lowered`` too) and call ``method`` with
         the program's digest; on BLOB_MISSING upload what the server lacks and call again (up
         to three uploads: a blob can be evicted, or the call reach another replica, in
         between); on UNAVAILABLE (the replica went away) call again, up to ``max_retries``
         times with a growing pause, on the replica the channel fails over to."""
-        encoded = self._encode(ep, withhold=withhold)
+        encoded = self._encode(ep, withhold=withhold, withhold_lowered=withhold_lowered)
+        self.stats["withheld_lowered_modules"] += sum(
+            lm.original_withheld for lm in encoded.message.lowered_modules
+        )
         # The program message itself crosses as a blob, so that a program the server has
         # seen before, from any client, costs one small request.
         program = encoded.message.SerializeToString(deterministic=True)
@@ -384,9 +394,13 @@ class ServerConnection:
         graphs = {d.hash for d in codec.graph_digests(encoded.message)} | {ref.hash}
         return self._call_with_blobs(method, lambda: make(ref), blobs, digests, graphs), encoded
 
-    def _encode(self, ep: ExportedProgram, *, withhold: bool = False) -> codec.EncodedProgram:
+    def _encode(
+        self, ep: ExportedProgram, *, withhold: bool = False, withhold_lowered: bool = False
+    ) -> codec.EncodedProgram:
         try:
-            return codec.encode_program(ep, digests=self._digests, withhold=withhold)
+            return codec.encode_program(
+                ep, digests=self._digests, withhold=withhold, withhold_lowered=withhold_lowered
+            )
         except codec.ProgramEncodeError as e:
             raise RemotePartitionerError(
                 f"the program cannot be sent: {e}", grpc.StatusCode.INVALID_ARGUMENT,

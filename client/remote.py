@@ -84,6 +84,8 @@ class RemotePartitioner(Partitioner, ServerConnection):
             the hosted hook used the values (``TENSOR_DATA_REQUIRED``). The answer is the same
             either way; with it, a model's weights are neither hashed nor uploaded for hooks
             that decide from the graph, shapes and dtypes. ``Preprocess`` always sends them.
+            To a server that accepts it, an already lowered module goes without its original
+            program too (the hook ExecuTorch calls after lowering looks at the outer graph).
 
     After each ``partition()``, ``rejections`` lists every call_function node the hosted
     partitioner left untagged, with why (:class:`~remote_partitioner.client.report.Rejection`:

@@ -151,6 +151,7 @@ async def merge_listings(
             continue
         info.versions.CopyFrom(answer.versions)
         info.accepts_withheld_tensors = answer.accepts_withheld_tensors
+        info.accepts_withheld_lowered_programs = answer.accepts_withheld_lowered_programs
         for field, key in (("partitioners", "name"), ("backends", "backend_id"),
                            ("quantizers", "name")):
             for entry in getattr(answer, field):

@@ -272,7 +272,8 @@ class PartitionerInstance:
     def list_partitioners(self) -> pb.ListPartitionersResponse:
         """The hosted partitioners, their spec keys and hooks, and this server's versions."""
         response = pb.ListPartitionersResponse(
-            versions=server_versions(), accepts_withheld_tensors=True
+            versions=server_versions(), accepts_withheld_tensors=True,
+            accepts_withheld_lowered_programs=True,
         )
         for name in self.registry.names():
             hosted = self.registry.get(name)
@@ -473,8 +474,8 @@ class PartitionerInstance:
             why = f"the hosted partitioner used {reads.describe()}"
         return ServiceError(
             Reason.TENSOR_DATA_REQUIRED,
-            f"{rpc}: {why}, so its answer may depend on tensor values: send the program "
-            "again with its tensors' data",
+            f"{rpc}: {why}, so its answer may depend on what the client withheld: send the "
+            "program again whole (its tensors' data, its lowered modules' programs)",
             info,
         )
 

@@ -6,7 +6,9 @@ of its own (:class:`WithheldFakeMode`) and runs the hook on that program inside
 :func:`watching`. The hook's answer is kept only if it never touched a withheld tensor other
 than to read its metadata; otherwise the server asks the client for the real bytes and runs the
 hook again on the real program (``TENSOR_DATA_REQUIRED``), so the answer always equals the one
-the local partitioner gives.
+the local partitioner gives. A lowered module whose original program the client withheld
+(``LoweredModule.original_withheld``) is rebuilt by :func:`withheld_lowered_module_class`: the
+first read of that program is recorded in the same watch.
 
 Two layers see every use of a withheld tensor, so that a hook that catches the exception a
 value read raises (``DataDependentOutputException``, ``RuntimeError`` from ``.numpy()``) is
@@ -30,6 +32,7 @@ sees are documented in docs/protocol.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +52,7 @@ __all__ = [
     "is_withheld",
     "mark_withheld",
     "watching",
+    "withheld_lowered_module_class",
 ]
 
 #: The attribute that marks a tensor rebuilt from a withheld ``TensorRef`` (its name).
@@ -96,21 +100,25 @@ def is_withheld(x: object) -> bool:
 
 
 class ValueReads:
-    """What one watched hook did with withheld tensors: the first use that was not metadata."""
+    """What one watched hook did with what the client withheld: the first use of a withheld
+    tensor that was not metadata, or the first read of a withheld lowered program."""
 
     def __init__(self) -> None:
+        #: The withheld tensor's name, or the lowered module's.
         self.tensor: str | None = None
         self.operation: str | None = None
+        #: What :attr:`tensor` names: "tensor" or "lowered module".
+        self.kind = "tensor"
 
     def __bool__(self) -> bool:
         return self.tensor is not None
 
-    def record(self, tensor: str, operation: str) -> None:
+    def record(self, tensor: str, operation: str, kind: str = "tensor") -> None:
         if self.tensor is None:
-            self.tensor, self.operation = tensor, operation
+            self.tensor, self.operation, self.kind = tensor, operation, kind
 
     def describe(self) -> str:
-        return f"{self.operation} on tensor {self.tensor!r}"
+        return f"{self.operation} on {self.kind} {self.tensor!r}"
 
 
 _local = threading.local()
@@ -160,10 +168,47 @@ class Withheld:
     def mark(self, t: torch.Tensor, name: str) -> torch.Tensor:
         return mark_withheld(t, name)
 
+    def lowered_module(self, name: str, backend_id: str, compile_specs: list[Any]) -> Any:
+        return withheld_lowered_module_class()(name, backend_id, compile_specs)
+
 
 class TensorDataRequired(Exception):
     """Raised by a hook's server-side code (not the hosted hook) that cannot answer without
-    the tensors' data, e.g. a transform that returned a new program."""
+    the tensors' data, e.g. a transform that returned a new program; and by a withheld
+    lowered module's original program when read."""
+
+
+@functools.cache
+def withheld_lowered_module_class() -> type:
+    """The class of the stand-ins for lowered modules whose original programs the client
+    withheld (``LoweredModule.original_withheld``): a ``LoweredBackendModule`` (with empty
+    processed bytes, as every lowered module that crosses) whose original program, read
+    through ``original_module`` or the attribute behind it (as ``program()``, deep copies and
+    the serializers read it), records the read in the watch and raises
+    :class:`TensorDataRequired`. A hook that swallows the exception is still noticed."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    class WithheldLoweredModule(LoweredBackendModule):  # type: ignore[misc]
+        def __init__(self, name: str, backend_id: str, compile_specs: list[Any]) -> None:
+            super().__init__(None, backend_id, b"", compile_specs)  # type: ignore[arg-type]
+            self._withheld_name = name
+
+        @property  # type: ignore[override]
+        def _original_exported_program(self) -> Any:
+            reads = _active()
+            if reads is not None:
+                reads.record(self._withheld_name, "reading the original program",
+                             kind="lowered module")
+            raise TensorDataRequired(
+                f"the original program of lowered module {self._withheld_name!r} was withheld"
+            )
+
+        @_original_exported_program.setter
+        def _original_exported_program(self, value: Any) -> None:
+            if value is not None:  # only LoweredBackendModule.__init__ sets it, to None here
+                raise AttributeError("a withheld lowered module's program cannot be set")
+
+    return WithheldLoweredModule
 
 
 def is_watching() -> bool:

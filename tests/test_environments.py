@@ -86,6 +86,7 @@ def test_the_front_door_lists_every_environment(environments: dict[str, Any]) ->
     assert {q.name: q.environment for q in listing.quantizers} == {"xnnpack": "", "vulkan": "arm"}
     [arm] = listing.environments
     assert arm.name == "arm" and arm.error == "" and arm.accepts_withheld_tensors
+    assert arm.accepts_withheld_lowered_programs
     assert arm.versions == listing.versions  # (both servers run in this process)
     # The peer itself lists its own entries only, under its own name; so does the front door
     # asked with the header (the listing is the one call routed either way).

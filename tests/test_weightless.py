@@ -123,6 +123,31 @@ class FreshTransformingPartitioner(TransformingPartitioner):
     fresh = True
 
 
+def _lowered_nodes(ep):
+    """How many nodes the original programs of ``ep``'s lowered modules hold; never raises
+    (None if unreadable)."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    try:
+        return sum(
+            len(m.original_module.graph.nodes)
+            for m in ep.graph_module.modules() if isinstance(m, LoweredBackendModule)
+        )
+    except Exception:
+        return None
+
+
+class LoweredPeekingPartitioner(XnnpackPartitioner):
+    """Keeps its operators from decomposition only while it can count the nodes of the
+    lowered modules' original programs (as ExecuTorch's check after lowering asks it)."""
+
+    def ops_to_not_decompose(self, ep):
+        ops, check = super().ops_to_not_decompose(ep)
+        if _lowered_nodes(ep) is None:
+            return [], None
+        return ops, check
+
+
 def plugins():
     out = [_hosted(how) for how in READS]
     out.append(HostedPartitioner(
@@ -132,6 +157,10 @@ def plugins():
     out.append(HostedPartitioner(
         "fresh_weights", "XnnpackBackend", {}, lambda spec: FreshTransformingPartitioner(),
         FreshTransformingPartitioner, "XNNPACK, replacing the weights before decomposition",
+    ))
+    out.append(HostedPartitioner(
+        "peek_lowered", "XnnpackBackend", {}, lambda spec: LoweredPeekingPartitioner(),
+        LoweredPeekingPartitioner, "XNNPACK, reading lowered modules' original programs",
     ))
     return out
 
@@ -143,7 +172,7 @@ READS = %r + ["shapes"]
 @pytest.fixture(scope="module")
 def peeking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, object]]:
     """A server hosting the plugin's partitioners (``peek_<how>``, ``doubling``,
-    ``fresh_weights``), and the plugin module for the local lowerings."""
+    ``fresh_weights``, ``peek_lowered``), and the plugin module for the local lowerings."""
     root = tmp_path_factory.mktemp("peek_plugin")
     with plugin_distribution(root, "rp_peek_plugin", _PLUGIN % READS,
                              "peek = rp_peek_plugin:plugins"):
@@ -308,6 +337,132 @@ def test_transform_that_changes_tensors_returns_them(
         copy.deepcopy(ep), partitioner=[RemotePartitioner(target, name)]
     ).to_executorch().buffer)
     assert pte == local
+
+
+def _lowered_program() -> ExportedProgram:
+    """``_program()`` lowered to XNNPACK locally: one delegate call and its lowered module."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return to_edge_transform_and_lower(
+        _program(), partitioner=[XnnpackPartitioner()]
+    ).exported_program()
+
+
+def test_hooks_on_a_lowered_program_send_no_lowered_program(server_address: str) -> None:
+    """The hook ExecuTorch calls after lowering (``ops_to_not_decompose`` on the lowered
+    program) sends the lowered module without its original program: XNNPACK's answer, its
+    operators and its filter's verdict on every node, is the local one, nothing is asked for
+    again, and what is sent is a fraction of the whole encoding."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    lowered = _lowered_program()
+    local_ops, local_check = XnnpackPartitioner().ops_to_not_decompose(lowered)
+    remote = RemotePartitioner(server_address, "xnnpack")
+    ops, check = remote.ops_to_not_decompose(lowered)
+    assert set(ops) == set(local_ops) and ops
+    assert (check is None) == (local_check is None)
+    if check is not None and local_check is not None:
+        nodes = [n for n in lowered.graph.nodes if n.op == "call_function"]
+        assert [check(n) for n in nodes] == [local_check(n) for n in nodes]
+    assert remote.stats["withheld_lowered_modules"] == 1, remote.stats
+    assert remote.stats["tensor_data_requests"] == 0, remote.stats
+
+    def size(encoded: codec.EncodedProgram) -> int:
+        return sum(len(b) for b in encoded.blobs.values()) + encoded.message.ByteSize()
+
+    # (What the server already holds is not uploaded again: compare what is sent.)
+    sent = size(codec.encode_program(lowered, withhold=True, withhold_lowered=True))
+    assert sent < size(codec.encode_program(lowered, withhold=True)) / 2
+
+
+@slow
+def test_hook_reading_a_lowered_program_gets_the_local_answer(
+    peeking_server: tuple[str, object]
+) -> None:
+    """A hosted hook that reads a lowered module's original program, swallowing what the
+    stand-in raises, is noticed: the server asks for the program whole and the answer is the
+    local one (operators kept), as is the whole lowering's ``.pte``. Unwatched, the stand-in
+    would have made it keep none."""
+    from remote_partitioner.server import value_reads
+
+    target, plugin = peeking_server
+    lowered = _lowered_program()
+    local = _local_partitioner(plugin, "peek_lowered")
+    local_ops, _ = local.ops_to_not_decompose(lowered)  # type: ignore[attr-defined]
+    assert local_ops, "the local hook kept no operators: the test shows nothing"
+    stand_in = value_reads.withheld_lowered_module_class()("lowered_module_0", "XnnpackBackend", [])
+    root = torch.nn.Module()
+    root.add_module("lowered_module_0", stand_in)
+    unwatched = type("P", (), {"graph_module": root})()
+    assert plugin._lowered_nodes(unwatched) is None  # type: ignore[attr-defined]
+
+    remote = RemotePartitioner(target, "peek_lowered")
+    ops, _ = remote.ops_to_not_decompose(lowered)
+    assert set(ops) == set(local_ops)
+    assert remote.stats["tensor_data_requests"] == 1, remote.stats
+    assert remote.stats["withheld_lowered_modules"] == 1, remote.stats
+
+    ep = _program()
+    pte = bytes(to_edge_transform_and_lower(
+        copy.deepcopy(ep), partitioner=[RemotePartitioner(target, "peek_lowered")]
+    ).to_executorch().buffer)
+    assert pte == _local_pte(_local_partitioner(plugin, "peek_lowered"), ep)
+
+
+def test_withheld_lowered_programs_are_read_watched_or_refused() -> None:
+    """A lowered module sent without its original program decodes, with a withheld mode, to a
+    stand-in with the client's backend id and compile specs whose program cannot be read
+    unnoticed (the read is recorded even when its exception is swallowed); without a withheld
+    mode, or with the program also sent, the message is refused."""
+    from remote_partitioner.server import value_reads
+
+    lowered = _lowered_program()
+    encoded = codec.encode_program(lowered, withhold=True, withhold_lowered=True)
+    (entry,) = encoded.message.lowered_modules
+    assert entry.original_withheld and not entry.HasField("original_program")
+    assert set(encoded.blobs) == {encoded.message.graph.hash}
+    assert codec.has_withheld(encoded.message)
+    with pytest.raises(ValueError, match="withhold_lowered needs withhold"):
+        codec.encode_program(lowered, withhold_lowered=True)
+
+    def decode(message: pb.Program, withheld: object = None) -> ExportedProgram:
+        return codec.decode_program(message, lambda d: encoded.blobs[d.hash],
+                                    withheld=withheld)  # type: ignore[arg-type]
+
+    decoded = decode(encoded.message, value_reads.Withheld())
+    (stand_in,) = [m for _, m in decoded.graph_module.named_children()
+                   if type(m) is value_reads.withheld_lowered_module_class()]
+    original = lowered.graph_module.lowered_module_0
+    assert stand_in.backend_id == original.backend_id
+    assert [(c.key, c.value) for c in stand_in.compile_specs] == [
+        (c.key, bytes(c.value)) for c in original.compile_specs]
+    with value_reads.watching() as reads:
+        _ = (stand_in.backend_id, stand_in.compile_specs, stand_in.processed_bytes)
+    assert not reads
+    for read in (lambda: stand_in.original_module, lambda: stand_in.program(),
+                 lambda: copy.deepcopy(stand_in)):
+        with value_reads.watching() as reads, contextlib.suppress(Exception):
+            read()
+        assert reads and reads.tensor == "lowered_module_0", read
+        assert "lowered module 'lowered_module_0'" in reads.describe()
+    with pytest.raises(value_reads.TensorDataRequired, match="lowered_module_0"):
+        _ = stand_in.original_module
+
+    # Its tensors sent, only its lowered program withheld: refused where nothing may be.
+    real = codec.encode_program(lowered)
+    program_only = pb.Program()
+    program_only.CopyFrom(real.message)
+    program_only.lowered_modules[0].ClearField("original_program")
+    program_only.lowered_modules[0].original_withheld = True
+    with pytest.raises(codec.ProgramDecodeError, match="withholds its original program"):
+        codec.decode_program(program_only, lambda d: real.blobs[d.hash])
+    both = pb.Program()
+    both.CopyFrom(encoded.message)
+    both.lowered_modules[0].original_program.CopyFrom(
+        codec.encode_program(lowered, withhold=True).message.lowered_modules[0].original_program
+    )
+    with pytest.raises(codec.ProgramDecodeError, match="also carries it"):
+        decode(both, value_reads.Withheld())
 
 
 def test_withheld_tensors_keep_their_sharing_and_metadata() -> None:

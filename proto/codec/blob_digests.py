@@ -10,10 +10,12 @@ __all__ = ["graph_digests", "has_withheld", "iter_digests"]
 
 
 def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
-    """The graph (JSON) blob digests of a Program message and its nested lowered programs."""
+    """The graph (JSON) blob digests of a Program message and its nested lowered programs
+    (those not withheld)."""
     yield msg.graph
     for lm in msg.lowered_modules:
-        yield from graph_digests(lm.original_program)
+        if not lm.original_withheld:
+            yield from graph_digests(lm.original_program)
 
 
 def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]:
@@ -28,13 +30,17 @@ def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]
             yield m.tensor.storage
     if nested:
         for lm in msg.lowered_modules:
-            yield from iter_digests(lm.original_program)
+            if not lm.original_withheld:
+                yield from iter_digests(lm.original_program)
 
 
 def has_withheld(msg: pb.Program) -> bool:
-    """Whether the message, or a nested lowered program, withholds a tensor's data."""
+    """Whether the message withholds a tensor's data or a lowered module's original program,
+    or a nested lowered program withholds a tensor's data."""
     if any(r.withheld for r in (*msg.state_dict, *msg.constants)):
         return True
     if any(m.tensor.withheld for m in msg.module_tensors):
         return True
-    return any(has_withheld(lm.original_program) for lm in msg.lowered_modules)
+    return any(
+        lm.original_withheld or has_withheld(lm.original_program) for lm in msg.lowered_modules
+    )

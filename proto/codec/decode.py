@@ -41,6 +41,11 @@ class WithheldTensors(Protocol):
     def mark(self, t: torch.Tensor, name: str) -> torch.Tensor:
         """``t``, the stand-in for withheld tensor ``name``, as it goes into the program."""
 
+    def lowered_module(self, name: str, backend_id: str, compile_specs: list[Any]) -> Any:
+        """The stand-in for lowered module ``name`` whose original program was withheld
+        (``LoweredModule.original_withheld``): a ``LoweredBackendModule`` with that backend
+        id and those compile specs whose original program cannot be read unnoticed."""
+
 
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -93,6 +98,18 @@ def _check_shape(ref: pb.TensorRef, sizes: list[int], strides: list[int]) -> Non
     element count and storage are checked as the tensor is built)."""
     if len(sizes) != len(strides) or any(s < 0 for s in sizes) or ref.storage_offset < 0:
         raise ProgramDecodeError(f"tensor {ref.name!r}: malformed sizes or strides")
+
+
+def _codec_error_in(e: BaseException) -> CodecError | None:
+    """The first :class:`CodecError` among the causes of ``e``, if any."""
+    seen: set[int] = set()
+    cause = e.__cause__ or e.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, CodecError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 class Decoder:
@@ -236,6 +253,23 @@ class Decoder:
                 storage, ref.storage_offset, sizes, strides
             )
 
+    def withheld_lowered_module(self, m: pb.LoweredModule, compile_specs: list[Any]) -> Any:
+        """The stand-in for lowered module ``m``, whose original program was withheld.
+
+        Raises:
+            ProgramDecodeError: no withheld mode was given (this call needs the program whole),
+                or ``m`` also carries its original program.
+        """
+        if self._withheld is None:
+            raise ProgramDecodeError(
+                f"lowered module {m.name!r} withholds its original program; this call needs it"
+            )
+        if m.HasField("original_program"):
+            raise ProgramDecodeError(
+                f"lowered module {m.name!r} withholds its original program and also carries it"
+            )
+        return self._withheld.lowered_module(m.name, m.backend_id, compile_specs)
+
     def program(self, msg: pb.Program) -> ExportedProgram:
         """The program ``msg`` describes, repaired and checked against its fingerprint.
 
@@ -268,6 +302,12 @@ class Decoder:
         except CodecError:
             raise
         except Exception as e:
+            # The serializer wraps what our hooks in it raise ("Failed deserializing node"):
+            # the hook's own error says what is wrong. (Raised as it is: it is among the
+            # causes of ``e`` already.)
+            cause = _codec_error_in(e)
+            if cause is not None:
+                raise cause  # noqa: B904
             raise ProgramDecodeError(
                 f"the program's graph cannot be deserialized: {type(e).__name__}: {e}"
             ) from e

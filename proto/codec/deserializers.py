@@ -133,8 +133,9 @@ def deserialize_edge(
     decoder: Decoder,
 ) -> ExportedProgram:
     """The Edge program whose export-schema JSON is ``raw``, read by ExecuTorch's deserializer
-    with the given tensors, its lowered modules' original programs decoded by ``decoder`` and
-    its ``get_attr`` tensors built by it (``raw`` is checked by ``checked_graph_json`` first).
+    with the given tensors, its lowered modules' original programs decoded by ``decoder`` (or,
+    withheld, the decoder's stand-ins) and its ``get_attr`` tensors built by it (``raw`` is
+    checked by ``checked_graph_json`` first).
 
     exir's ``ExportedProgramDeserializer`` builds the module-level ``GraphModuleDeserializer``
     class: it is replaced by a subclass for the call, under a lock (re-entrant: a lowered
@@ -143,7 +144,8 @@ def deserialize_edge(
 
     Raises:
         ProgramDecodeError: ``raw`` is refused by the checks, or names a lowered module or
-            module tensor the message does not hold. Whatever exir's deserializer raises on a
+            module tensor the message does not hold, or a lowered module withholds its
+            program where the decoder takes none withheld. Whatever exir's deserializer raises on a
             malformed document passes through (the decoder wraps it).
     """
     from executorch.exir.lowered_backend_module import LoweredBackendModule
@@ -166,13 +168,12 @@ def deserialize_edge(
             m = lowered.get((str(ref.get("path")), str(ref.get("name"))))
             if m is None:
                 raise ProgramDecodeError(f"lowered module {ref!r} is not in the program")
-            original = decoder.program(m.original_program)
-            module = LoweredBackendModule(
-                original,
-                m.backend_id,
-                b"",
-                [_compile_spec(cs) for cs in m.compile_specs],
-            )
+            compile_specs = [_compile_spec(cs) for cs in m.compile_specs]
+            if m.original_withheld:
+                module = decoder.withheld_lowered_module(m, compile_specs)
+            else:
+                original = decoder.program(m.original_program)
+                module = LoweredBackendModule(original, m.backend_id, b"", compile_specs)
             self.module.register_module(m.name, module)
             return self.graph.get_attr(m.name)
 

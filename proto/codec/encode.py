@@ -147,12 +147,18 @@ class Encoder:
     """Encodes one program and the original programs of its lowered modules, collecting the
     blobs they name (each storage once) in :attr:`blobs`."""
 
-    def __init__(self, digests: DigestCache | None, *, withhold: bool = False) -> None:
+    def __init__(
+        self, digests: DigestCache | None, *, withhold: bool = False,
+        withhold_lowered: bool = False,
+    ) -> None:
         self.blobs: dict[str, memoryview | bytes] = {}
         self.digests = digests or DigestCache()
         #: Send real tensors as metadata only (``TensorRef.withheld``): no storage is read,
         #: hashed or added to the blobs.
         self.withhold = withhold
+        #: Send lowered modules without their original programs
+        #: (``LoweredModule.original_withheld``).
+        self.withhold_lowered = withhold_lowered
         #: The bytes of the distinct storages of the real tensors withheld.
         self.withheld_bytes = 0
         # storage key -> digest, for this encoding
@@ -389,7 +395,8 @@ def _node_metadata(
 
 
 def encode_program(
-    ep: ExportedProgram, *, digests: DigestCache | None = None, withhold: bool = False
+    ep: ExportedProgram, *, digests: DigestCache | None = None, withhold: bool = False,
+    withhold_lowered: bool = False,
 ) -> EncodedProgram:
     """Encode ``ep`` as a Program message and the blobs it names.
 
@@ -401,12 +408,18 @@ def encode_program(
             lowered modules' programs' too) as metadata only: ``TensorRef.withheld``, with a
             number per distinct storage so that shared storage stays shared. No tensor data is
             read or hashed, and the blobs hold the graphs only.
+        withhold_lowered: With ``withhold``, also send each lowered module without its
+            original program (``LoweredModule.original_withheld``): a hook on an already
+            lowered program then costs its own graph only.
 
     Raises:
         ProgramEncodeError: the program holds something that cannot cross (custom objects,
             non-CPU tensors, a node the serializer refuses).
+        ValueError: ``withhold_lowered`` without ``withhold``.
     """
-    encoder = Encoder(digests, withhold=withhold)
+    if withhold_lowered and not withhold:
+        raise ValueError("withhold_lowered needs withhold: a lowered program's tensors go first")
+    encoder = Encoder(digests, withhold=withhold, withhold_lowered=withhold_lowered)
     if not withhold:
         encoder.digests.prefetch([*ep.state_dict.values(), *ep.constants.values()])
     with fast_unions():

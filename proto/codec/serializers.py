@@ -328,18 +328,20 @@ def _edge_serializer_class() -> type:
                     f"{lowered_module_arg.target!r} is not a lowered backend module"
                 )
             path = self._path_of(lowered_module_arg)
-            self.lowered.append(
-                pb.LoweredModule(
-                    module_path=path,
-                    name=str(lowered_module_arg.target),
-                    backend_id=module.backend_id,
-                    compile_specs=[
-                        pb.CompileSpec(key=cs.key, value=bytes(cs.value))
-                        for cs in module.compile_specs
-                    ],
-                    original_program=self.encoder.program(module.original_module),
-                )
+            entry = pb.LoweredModule(
+                module_path=path,
+                name=str(lowered_module_arg.target),
+                backend_id=module.backend_id,
+                compile_specs=[
+                    pb.CompileSpec(key=cs.key, value=bytes(cs.value))
+                    for cs in module.compile_specs
+                ],
             )
+            if self.encoder.withhold_lowered:
+                entry.original_withheld = True
+            else:
+                entry.original_program.CopyFrom(self.encoder.program(module.original_module))
+            self.lowered.append(entry)
             return json.dumps(
                 {LOWERED_MARKER: {"path": path, "name": str(lowered_module_arg.target)}}
             )

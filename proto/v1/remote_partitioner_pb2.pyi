@@ -164,18 +164,20 @@ class ModuleTensor(_message.Message):
     def __init__(self, module_path: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
 
 class LoweredModule(_message.Message):
-    __slots__ = ("module_path", "name", "backend_id", "compile_specs", "original_program")
+    __slots__ = ("module_path", "name", "backend_id", "compile_specs", "original_program", "original_withheld")
     MODULE_PATH_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_ID_FIELD_NUMBER: _ClassVar[int]
     COMPILE_SPECS_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_WITHHELD_FIELD_NUMBER: _ClassVar[int]
     module_path: str
     name: str
     backend_id: str
     compile_specs: _containers.RepeatedCompositeFieldContainer[CompileSpec]
     original_program: Program
-    def __init__(self, module_path: _Optional[str] = ..., name: _Optional[str] = ..., backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., original_program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
+    original_withheld: bool
+    def __init__(self, module_path: _Optional[str] = ..., name: _Optional[str] = ..., backend_id: _Optional[str] = ..., compile_specs: _Optional[_Iterable[_Union[CompileSpec, _Mapping]]] = ..., original_program: _Optional[_Union[Program, _Mapping]] = ..., original_withheld: _Optional[bool] = ...) -> None: ...
 
 class NodeFingerprint(_message.Message):
     __slots__ = ("graph", "name", "op", "target", "num_args", "kwarg_names", "args")
@@ -392,7 +394,7 @@ class ServerVersions(_message.Message):
     def __init__(self, torch: _Optional[str] = ..., executorch: _Optional[str] = ..., export_schema: _Optional[str] = ..., api: _Optional[str] = ..., server: _Optional[str] = ..., torchao: _Optional[str] = ..., python_hash_seed: _Optional[str] = ...) -> None: ...
 
 class ListPartitionersResponse(_message.Message):
-    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers", "environment", "environments")
+    __slots__ = ("partitioners", "versions", "backends", "accepts_withheld_tensors", "quantizers", "environment", "environments", "accepts_withheld_lowered_programs")
     PARTITIONERS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +402,7 @@ class ListPartitionersResponse(_message.Message):
     QUANTIZERS_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_WITHHELD_LOWERED_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     partitioners: _containers.RepeatedCompositeFieldContainer[PartitionerInfo]
     versions: ServerVersions
     backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
@@ -407,19 +410,22 @@ class ListPartitionersResponse(_message.Message):
     quantizers: _containers.RepeatedCompositeFieldContainer[QuantizerInfo]
     environment: str
     environments: _containers.RepeatedCompositeFieldContainer[EnvironmentInfo]
-    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., quantizers: _Optional[_Iterable[_Union[QuantizerInfo, _Mapping]]] = ..., environment: _Optional[str] = ..., environments: _Optional[_Iterable[_Union[EnvironmentInfo, _Mapping]]] = ...) -> None: ...
+    accepts_withheld_lowered_programs: bool
+    def __init__(self, partitioners: _Optional[_Iterable[_Union[PartitionerInfo, _Mapping]]] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., quantizers: _Optional[_Iterable[_Union[QuantizerInfo, _Mapping]]] = ..., environment: _Optional[str] = ..., environments: _Optional[_Iterable[_Union[EnvironmentInfo, _Mapping]]] = ..., accepts_withheld_lowered_programs: _Optional[bool] = ...) -> None: ...
 
 class EnvironmentInfo(_message.Message):
-    __slots__ = ("name", "versions", "accepts_withheld_tensors", "error")
+    __slots__ = ("name", "versions", "accepts_withheld_tensors", "error", "accepts_withheld_lowered_programs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_WITHHELD_TENSORS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_WITHHELD_LOWERED_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     name: str
     versions: ServerVersions
     accepts_withheld_tensors: bool
     error: str
-    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    accepts_withheld_lowered_programs: bool
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Union[ServerVersions, _Mapping]] = ..., accepts_withheld_tensors: _Optional[bool] = ..., error: _Optional[str] = ..., accepts_withheld_lowered_programs: _Optional[bool] = ...) -> None: ...
 
 class FindMissingBlobsRequest(_message.Message):
     __slots__ = ("digests",)
