@@ -422,8 +422,6 @@ def test_withheld_lowered_programs_are_read_watched_or_refused() -> None:
     assert entry.original_withheld and not entry.HasField("original_program")
     assert set(encoded.blobs) == {encoded.message.graph.hash}
     assert codec.has_withheld(encoded.message)
-    with pytest.raises(ValueError, match="withhold_lowered needs withhold"):
-        codec.encode_program(lowered, withhold_lowered=True)
 
     def decode(message: pb.Program, withheld: object = None) -> ExportedProgram:
         return codec.decode_program(message, lambda d: encoded.blobs[d.hash],
@@ -449,13 +447,10 @@ def test_withheld_lowered_programs_are_read_watched_or_refused() -> None:
         _ = stand_in.original_module
 
     # Its tensors sent, only its lowered program withheld: refused where nothing may be.
-    real = codec.encode_program(lowered)
-    program_only = pb.Program()
-    program_only.CopyFrom(real.message)
-    program_only.lowered_modules[0].ClearField("original_program")
-    program_only.lowered_modules[0].original_withheld = True
+    real = codec.encode_program(lowered, withhold_lowered=True)
+    assert real.message.lowered_modules[0].original_withheld
     with pytest.raises(codec.ProgramDecodeError, match="withholds its original program"):
-        codec.decode_program(program_only, lambda d: real.blobs[d.hash])
+        codec.decode_program(real.message, lambda d: real.blobs[d.hash])
     both = pb.Program()
     both.CopyFrom(encoded.message)
     both.lowered_modules[0].original_program.CopyFrom(

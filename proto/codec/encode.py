@@ -408,17 +408,14 @@ def encode_program(
             lowered modules' programs' too) as metadata only: ``TensorRef.withheld``, with a
             number per distinct storage so that shared storage stays shared. No tensor data is
             read or hashed, and the blobs hold the graphs only.
-        withhold_lowered: With ``withhold``, also send each lowered module without its
-            original program (``LoweredModule.original_withheld``): a hook on an already
-            lowered program then costs its own graph only.
+        withhold_lowered: Send each lowered module without its original program
+            (``LoweredModule.original_withheld``): a hook on an already lowered program then
+            costs its own graph only.
 
     Raises:
         ProgramEncodeError: the program holds something that cannot cross (custom objects,
             non-CPU tensors, a node the serializer refuses).
-        ValueError: ``withhold_lowered`` without ``withhold``.
     """
-    if withhold_lowered and not withhold:
-        raise ValueError("withhold_lowered needs withhold: a lowered program's tensors go first")
     encoder = Encoder(digests, withhold=withhold, withhold_lowered=withhold_lowered)
     if not withhold:
         encoder.digests.prefetch([*ep.state_dict.values(), *ep.constants.values()])
