@@ -673,7 +673,7 @@ class PartitionerInstance:
                 if d.hash not in seen:
                     seen.add(d.hash)
                     total += max(d.size_bytes, 0)
-            stack.extend(m.original_program for m in p.lowered_modules)
+            stack.extend(codec.nested_programs(p))
         if nodes > limits.max_nodes:
             raise self._limit(
                 "program.fingerprint", f"the program has {nodes} nodes", limits.max_nodes

@@ -67,7 +67,12 @@ from remote_partitioner.proto.codec.annotations import (
     apply_annotations,
     encode_annotations,
 )
-from remote_partitioner.proto.codec.blob_digests import graph_digests, has_withheld, iter_digests
+from remote_partitioner.proto.codec.blob_digests import (
+    graph_digests,
+    has_withheld,
+    iter_digests,
+    nested_programs,
+)
 from remote_partitioner.proto.codec.decode import WithheldTensors, decode_program
 from remote_partitioner.proto.codec.encode import DigestCache, EncodedProgram, encode_program
 from remote_partitioner.proto.codec.fingerprint import fingerprint, first_difference
@@ -136,6 +141,7 @@ __all__ = [
     "iter_digests",
     "lift_module",
     "module_fingerprint",
+    "nested_programs",
     "op_from_name",
     "op_name",
     "target_name",

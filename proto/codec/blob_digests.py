@@ -6,16 +6,20 @@ from collections.abc import Iterator
 
 from remote_partitioner.proto.v1 import remote_partitioner_pb2 as pb
 
-__all__ = ["graph_digests", "has_withheld", "iter_digests"]
+__all__ = ["graph_digests", "has_withheld", "iter_digests", "nested_programs"]
+
+
+def nested_programs(msg: pb.Program) -> Iterator[pb.Program]:
+    """The original programs of a Program message's lowered modules that the message carries
+    (not those withheld: ``LoweredModule.original_withheld``), one level deep."""
+    return (lm.original_program for lm in msg.lowered_modules if not lm.original_withheld)
 
 
 def graph_digests(msg: pb.Program) -> Iterator[pb.Digest]:
-    """The graph (JSON) blob digests of a Program message and its nested lowered programs
-    (those not withheld)."""
+    """The graph (JSON) blob digests of a Program message and its nested lowered programs."""
     yield msg.graph
-    for lm in msg.lowered_modules:
-        if not lm.original_withheld:
-            yield from graph_digests(lm.original_program)
+    for nested in nested_programs(msg):
+        yield from graph_digests(nested)
 
 
 def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]:
@@ -29,9 +33,8 @@ def iter_digests(msg: pb.Program, *, nested: bool = True) -> Iterator[pb.Digest]
         if not (m.tensor.fake or m.tensor.withheld):
             yield m.tensor.storage
     if nested:
-        for lm in msg.lowered_modules:
-            if not lm.original_withheld:
-                yield from iter_digests(lm.original_program)
+        for program in nested_programs(msg):
+            yield from iter_digests(program)
 
 
 def has_withheld(msg: pb.Program) -> bool:
@@ -41,6 +44,6 @@ def has_withheld(msg: pb.Program) -> bool:
         return True
     if any(m.tensor.withheld for m in msg.module_tensors):
         return True
-    return any(
-        lm.original_withheld or has_withheld(lm.original_program) for lm in msg.lowered_modules
-    )
+    if any(lm.original_withheld for lm in msg.lowered_modules):
+        return True
+    return any(has_withheld(nested) for nested in nested_programs(msg))
